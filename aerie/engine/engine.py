@@ -1,0 +1,278 @@
+"""The speculative decoding engine: one `step()` that admits, prefills, drafts, verifies, streams.
+
+A fixed pool of slots shares the KV cache (`cache.py`). Each step:
+1. admits waiting requests into free slots;
+2. runs one target forward over every slot still prefilling (one chunk of its prompt each);
+3. asks the proposer for K draft tokens per decoding slot and runs ONE target forward over all of
+   them, each slot at its own positions, with a 4-D mask (`masks.py`);
+4. verifies (`verify.py`), advances each slot by its own accepted count plus one, and streams.
+Rejected positions are simply not counted: the next step overwrites those cache columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from aerie.engine.cache import SlotKVCache
+from aerie.engine.detokenizer import TextStream
+from aerie.engine.masks import build_attention_mask, causal_block, to_additive
+from aerie.engine.proposers import Draft, NoProposer
+from aerie.engine.request import Request, RequestOutput, SamplingParams, SpecCounters, Status
+from aerie.engine.sampling import adjusted_probs, draw_uniforms
+from aerie.engine.scheduler import Scheduler
+from aerie.engine.verify import verify_greedy, verify_sampled
+from aerie.target.model import FeatureKind, Target, TargetOutput
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_slots: int = 8
+    max_len: int = 2048
+    prefill_chunk: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("max_slots", "max_len", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Completion:
+    """A finished request, as `Engine.generate` returns it."""
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    spec: SpecCounters
+
+
+class Engine:
+    def __init__(self, target: Target, config: EngineConfig | None = None, proposer=None) -> None:
+        self.target = target
+        self.config = config or EngineConfig()
+        self.proposer = proposer or NoProposer()
+        self.cache = SlotKVCache.for_config(
+            target.config,
+            slots=self.config.max_slots,
+            capacity=self.config.max_len + self.proposer.max_draft_tokens,
+            dtype=target.dtype,
+            device=target.device,
+        )
+        self.scheduler = Scheduler(self.config.max_slots)
+        self.requests: dict[str, Request] = {}
+        self._streams: dict[str, TextStream] = {}
+        self._stop_ids = set(target.stop_token_ids)
+        self.spec = SpecCounters()
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queue a request; it joins the running batch at the next step with a free slot."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            if self.target.tokenizer is None:
+                raise ValueError("a text prompt needs a target with a tokenizer")
+            prompt = self.target.tokenizer.encode(prompt, add_special_tokens=False)
+        prompt_ids = list(prompt)
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        needed = len(prompt_ids) + params.max_tokens
+        if needed > self.config.max_len:
+            raise ValueError(
+                f"request needs {needed} tokens (prompt {len(prompt_ids)} + max_tokens {params.max_tokens}) "
+                f"but the engine's max_len is {self.config.max_len}"
+            )
+        request = Request(prompt_ids=prompt_ids, params=params)
+        if request_id is not None:
+            if request_id in self.requests:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            request.request_id = request_id
+        self.requests[request.request_id] = request
+        self._streams[request.request_id] = TextStream(self.target.tokenizer, params.stop)
+        self.scheduler.add(request)
+        return request.request_id
+
+    def cancel(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its slot; returns its final (empty) output."""
+        request = self.requests.get(request_id)
+        if request is None or request.status is Status.FINISHED:
+            return None
+        self.scheduler.finish(request, "abort")
+        return self._release(request, [], "")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        self.scheduler.admit()
+        decoding = self.scheduler.in_status(Status.DECODING)
+        outputs: list[RequestOutput] = []
+        prefilling = self.scheduler.in_status(Status.PREFILLING)
+        if prefilling:
+            outputs += self._prefill(prefilling)
+        if decoding:
+            outputs += self._decode(decoding)
+        return outputs
+
+    def _prefill(self, rows: list[Request]) -> list[RequestOutput]:
+        """Feed each row the next chunk of its prompt; rows whose prompt is done get a first token."""
+        chunk = self.config.prefill_chunk
+        blocks = [r.prompt_ids[r.prefilled : r.prefilled + chunk] for r in rows]
+        starts = [r.prefilled for r in rows]
+        last = torch.zeros(len(rows), max(map(len, blocks)), dtype=torch.bool)
+        done = [r.prefilled + len(b) == len(r.prompt_ids) for r, b in zip(rows, blocks, strict=True)]
+        for i, (block, is_done) in enumerate(zip(blocks, done, strict=True)):
+            last[i, len(block) - 1] = is_done
+        out = self._forward(rows, blocks, starts, logits_at=last.to(self.target.device))
+        for request, block in zip(rows, blocks, strict=True):
+            request.prefilled += len(block)
+        finishing = [r for r, is_done in zip(rows, done, strict=True) if is_done]
+        if not finishing:
+            return []
+        _, first = self._verify(finishing, out.logits[:, None], self._empty_draft(len(finishing)))
+        outputs = []
+        for request, token in zip(finishing, first.tolist(), strict=True):
+            request.status = Status.DECODING
+            outputs.append(self._append(request, [token]))
+        return outputs
+
+    def _decode(self, rows: list[Request]) -> list[RequestOutput]:
+        draft: Draft = self.proposer.propose([r.slot for r in rows], self.target.device)
+        blocks = [[r.all_ids[-1], *tokens] for r, tokens in zip(rows, draft.tokens.tolist(), strict=True)]
+        starts = [r.length - 1 for r in rows]
+        out = self._forward(rows, blocks, starts, logits_at=None)
+        logits = out.logits.view(len(rows), draft.k + 1, -1)
+        accepted, bonus = self._verify(rows, logits, draft)
+        outputs = []
+        for request, tokens, n, token in zip(rows, blocks, accepted.tolist(), bonus.tolist(), strict=True):
+            if draft.k:
+                request.spec.record(draft.k, n)
+                self.spec.record(draft.k, n)
+            outputs.append(self._append(request, tokens[1 : n + 1] + [token]))
+        return outputs
+
+    def _empty_draft(self, batch: int) -> Draft:
+        return Draft(tokens=torch.zeros(batch, 0, dtype=torch.long, device=self.target.device))
+
+    def _verify(self, rows: list[Request], logits: torch.Tensor, draft: Draft) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logits` [B, K+1, V] -> (accepted drafts [B], next token [B])."""
+        if all(r.params.temperature == 0 for r in rows):
+            return verify_greedy(logits, draft.tokens)
+        temperature = torch.tensor([r.params.temperature for r in rows], device=logits.device)
+        top_p = torch.tensor([r.params.top_p for r in rows], device=logits.device)
+        probs = adjusted_probs(logits, temperature[:, None], top_p[:, None])
+        uniforms = draw_uniforms([r.generator for r in rows], draft.k + 1).to(logits.device)
+        return verify_sampled(probs, draft.tokens, draft.probs, uniforms)
+
+    def _forward(
+        self,
+        rows: list[Request],
+        blocks: list[list[int]],
+        starts: list[int],
+        logits_at: torch.Tensor | None,
+        features: FeatureKind | None = None,
+    ) -> TargetOutput:
+        """One target forward: row b appends `blocks[b]` after its `starts[b]` cached tokens."""
+        device = self.target.device
+        batch, width = len(rows), max(map(len, blocks))
+        lengths = torch.tensor([len(b) for b in blocks], device=device)
+        input_ids = torch.tensor([b + [0] * (width - len(b)) for b in blocks], device=device)
+        prefix = torch.tensor(starts, device=device)
+        offsets = torch.arange(width, device=device)
+        valid = offsets[None, :] < lengths[:, None]
+        positions = prefix[:, None] + offsets
+        write_pos = torch.where(valid, positions, self.cache.scratch)
+        kv_len = int((prefix + lengths).max())
+        block = causal_block(batch, width, valid)
+        self.cache.bind([r.slot for r in rows], write_pos, kv_len)
+        mask = self._attention_mask(prefix, block, kv_len, positions)
+        return self.target.forward(input_ids, positions, mask, self.cache, logits_at=logits_at, features=features)
+
+    def _attention_mask(self, prefix, block, kv_len, positions) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The mask the target's attention expects: boolean for SDPA, additive for eager; one per
+        layer type when the architecture mixes full and sliding-window layers."""
+
+        def prepared(window: int | None) -> torch.Tensor:
+            mask = build_attention_mask(prefix, block, kv_len, positions, window)
+            return to_additive(mask, self.target.dtype) if self.target.uses_eager_mask else mask
+
+        layer_types = self.target.layer_types or []
+        if "sliding_attention" not in layer_types:
+            return prepared(None)
+        return {"full_attention": prepared(None), "sliding_attention": prepared(self.target.sliding_window)}
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+
+    def _append(self, request: Request, tokens: list[int]) -> RequestOutput:
+        """Add accepted tokens to a request, cut at its stop conditions, and stream the delta."""
+        params = request.params
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self._stop_ids)
+        reason = None
+        kept: list[int] = []
+        for token in tokens:
+            kept.append(token)
+            if token in stop_ids:
+                reason = "stop"
+                break
+            if len(request.output_ids) + len(kept) >= params.max_tokens:
+                reason = "length"
+                break
+        request.output_ids += kept
+        new_text, hit_stop_string = self._streams[request.request_id].update(
+            request.output_ids, final=reason is not None
+        )
+        if hit_stop_string:
+            reason = "stop"
+        if reason is None:
+            return RequestOutput(request.request_id, kept, new_text, finished=False)
+        self.scheduler.finish(request, reason)
+        return self._release(request, kept, new_text)
+
+    def _release(self, request: Request, tokens: list[int], new_text: str) -> RequestOutput:
+        del self._streams[request.request_id]
+        return RequestOutput(request.request_id, tokens, new_text, finished=True, finish_reason=request.finish_reason)
+
+    # ---- convenience -----------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Iterable[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Run prompts to completion through continuous batching; results in prompt order."""
+        prompts = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        texts = {i: "" for i in ids}
+        pending = set(ids)
+        while pending:
+            for output in self.step():
+                if output.request_id in texts:
+                    texts[output.request_id] += output.new_text
+                if output.finished:
+                    pending.discard(output.request_id)
+        results = []
+        for request_id in ids:
+            request = self.requests.pop(request_id)
+            results.append(
+                Completion(
+                    request_id=request_id,
+                    prompt_ids=request.prompt_ids,
+                    token_ids=request.output_ids,
+                    text=texts[request_id],
+                    finish_reason=request.finish_reason or "",
+                    spec=request.spec,
+                )
+            )
+        return results

@@ -1,0 +1,54 @@
+"""4-D attention masks for a batch of slots that each append a block of new tokens.
+
+Row b has `prefix_len[b]` committed tokens in the cache (columns 0..prefix_len-1) and appends a
+block of q new tokens at columns prefix_len..prefix_len+q-1. Inside the block, `block_mask[b, i, m]`
+says whether query i sees new token m: lower-triangular for prompts and draft chains, the
+ancestor relation for draft trees. Every query sees the whole committed prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def causal_block(batch: int, q: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, q, q] causal block mask; columns of padded tokens (valid == False) are hidden."""
+    tri = torch.ones(q, q, dtype=torch.bool).tril_()
+    block = tri.expand(batch, q, q)
+    return block & valid[:, None, :] if valid is not None else block
+
+
+def build_attention_mask(
+    prefix_len: torch.Tensor,
+    block_mask: torch.Tensor,
+    kv_len: int,
+    query_pos: torch.Tensor,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Boolean [B, 1, q, kv_len] mask (True = attend).
+
+    `query_pos` [B, q] are the RoPE positions of the new tokens (equal to their columns for chains,
+    prefix_len + depth for tree nodes); they are also the key positions of the block columns, which
+    the sliding window needs.
+    """
+    batch, q, _ = block_mask.shape
+    device = block_mask.device
+    columns = torch.arange(kv_len + q, device=device)
+    mask = (columns[None, None, :] < prefix_len[:, None, None]).expand(batch, q, kv_len + q).clone()
+    block_columns = prefix_len[:, None] + torch.arange(q, device=device)
+    mask.scatter_(2, block_columns[:, None, :].expand(batch, q, q), block_mask)
+    if sliding_window is not None:
+        key_pos = columns.expand(batch, kv_len + q).clone()
+        key_pos.scatter_(1, block_columns, query_pos)
+        mask &= (query_pos[:, :, None] - key_pos[:, None, :]) < sliding_window
+    mask = mask[:, :, :kv_len]
+    # A padded query that sees nothing would give NaNs in softmax; let it see column 0.
+    mask[:, :, 0] |= ~mask.any(dim=-1)
+    return mask[:, None]
+
+
+def to_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Eager attention adds its mask to the scores: 0 where visible, the dtype's min elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, torch.finfo(dtype).min
+    )

@@ -1,0 +1,159 @@
+"""A Hugging Face causal LM wrapped for speculative decoding.
+
+The model itself is unmodified `transformers` code. `Target.forward` drives it through its
+`cache`, `position_ids` and 4-D `attention_mask` arguments and returns, from the same forward
+that produces logits, the hidden states a draft head needs:
+
+- EAGLE-3 / P-EAGLE: the residual stream leaving decoder layers {1, L/2-1, L-4} (the states
+  entering layers {2, L/2, L-3}, as vLLM and SpecForge tap them), concatenated to 3H.
+- EAGLE / EAGLE-2: the last hidden state (after the final norm, what `lm_head` reads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+FeatureKind = Literal["eagle3", "last"]
+
+
+def eagle3_tap_layers(num_layers: int) -> tuple[int, int, int]:
+    """Indices of the decoder layers whose outputs EAGLE-3 fuses (low, mid, high)."""
+    return tuple(max(0, i) for i in (1, num_layers // 2 - 1, num_layers - 4))  # type: ignore[return-value]
+
+
+@dataclass
+class TargetOutput:
+    """Logits at the selected positions, and the requested features at every position."""
+
+    logits: torch.Tensor
+    features: torch.Tensor | None
+
+
+class Target:
+    """A frozen causal LM plus its tokenizer, with hooks that capture the tapped layers."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.config = model.config.get_text_config()
+        self.decoder: nn.Module = model.get_decoder()
+        self.lm_head: nn.Module = model.get_output_embeddings()
+        self.embed_tokens: nn.Module = model.get_input_embeddings()
+        self.num_layers: int = self.config.num_hidden_layers
+        self.hidden_size: int = self.config.hidden_size
+        self.vocab_size: int = self.lm_head.weight.shape[0]
+        self.tap_layers = eagle3_tap_layers(self.num_layers)
+        self.uses_eager_mask = model.config._attn_implementation == "eager"
+        self.sliding_window: int | None = getattr(self.config, "sliding_window", None)
+        self.layer_types: list[str] | None = getattr(self.config, "layer_types", None)
+        self._captured: dict[int, torch.Tensor] | None = None
+        layers = self.decoder.layers
+        for index in sorted(set(self.tap_layers)):
+            layers[index].register_forward_hook(self._make_hook(index))
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """End-of-sequence ids from the generation config and the tokenizer."""
+        ids: set[int] = set()
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return sorted(ids)
+
+    def _make_hook(self, index: int):
+        def hook(_module: nn.Module, _args: tuple, output: torch.Tensor | tuple) -> None:
+            if self._captured is not None:
+                self._captured[index] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None = None,
+        cache: object | None = None,
+        logits_at: torch.Tensor | None = None,
+        features: FeatureKind | None = None,
+    ) -> TargetOutput:
+        """One forward over `input_ids` [B, q].
+
+        `logits_at` is a boolean [B, q] mask or None (all positions); logits come back flattened
+        to [N, V] in row-major order when it is given, else as [B, q, V]. `features` asks for the
+        EAGLE-3 fused taps ([B, q, 3H]) or the last hidden state ([B, q, H]).
+        """
+        self._captured = {} if features == "eagle3" else None
+        try:
+            hidden = self.decoder(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
+                cache=cache,
+                use_cache=cache is not None,
+            ).last_hidden_state
+            if features == "eagle3":
+                feats = torch.cat([self._captured[i] for i in self.tap_layers], dim=-1)
+            elif features == "last":
+                feats = hidden
+            else:
+                feats = None
+        finally:
+            self._captured = None
+        selected = hidden if logits_at is None else hidden[logits_at]
+        return TargetOutput(logits=self.lm_head(selected).float(), features=feats)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on CPU (fast enough and exact), bf16 on CUDA."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A local directory for `path`; `s3://` prefixes are downloaded to a local cache first."""
+    path = str(path)
+    if path.startswith("s3://"):
+        from aerie.storage import download_prefix
+
+        return download_prefix(path)
+    local = Path(path)
+    if not (local / "config.json").is_file():
+        raise FileNotFoundError(f"no config.json in target directory {local}")
+    return local
+
+
+def load_target(
+    path: str | Path,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    trust_remote_code: bool = False,
+) -> Target:
+    """Load a Hugging Face causal LM directory (local or `s3://`) and its tokenizer."""
+    local = resolve_model_dir(path)
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    # transformers picks SDPA where the architecture supports it, else eager (GPT-OSS's sinks).
+    model = AutoModelForCausalLM.from_pretrained(
+        local, dtype=dtype, trust_remote_code=trust_remote_code
+    ).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
+    return Target(model, tokenizer)
