@@ -82,7 +82,7 @@ class Target:
 
         return hook
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -92,7 +92,8 @@ class Target:
         logits_at: torch.Tensor | None = None,
         features: FeatureKind | None = None,
     ) -> TargetOutput:
-        """One forward over `input_ids` [B, q].
+        """One forward over `input_ids` [B, q] (no grad: the target is frozen; features may feed a
+        head being trained, which inference-mode tensors could not).
 
         `logits_at` is a boolean [B, q] mask or None (all positions); logits come back flattened
         to [N, V] in row-major order when it is given, else as [B, q, V]. `features` asks for the
