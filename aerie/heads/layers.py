@@ -1,0 +1,188 @@
+"""Llama-style building blocks for draft heads, in plain PyTorch.
+
+Parameter names follow the Hugging Face / vLLM Llama layout (`self_attn.q_proj`, `mlp.gate_proj`,
+`input_layernorm`, ...) so a head's state dict is what vLLM's EAGLE loaders read.
+
+Attention takes an optional `cache` with the slot-cache protocol of `aerie.engine.cache.SlotKVCache`:
+`update(key_states [B, kv_heads, q, D], value_states, layer_idx) -> (keys [B, kv_heads, kv, D], values)`.
+Keys are stored after RoPE. The mask is boolean, `[B, 1, q, kv]`, True = attend.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(
+    position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables for `position_ids` [B, q]: cos, sin of shape [B, q, head_dim] (the
+    half-rotation layout Llama uses in Hugging Face and vLLM's neox style)."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
+    )
+    freqs = position_ids.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, q, D]; cos/sin [B, q, D]."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+def causal_mask(q: int, kv: int, device: torch.device) -> torch.Tensor:
+    """[q, kv] bool: the q new tokens are the last q of kv keys; each sees keys up to itself."""
+    rows = torch.arange(q, device=device)[:, None] + (kv - q)
+    return torch.arange(kv, device=device)[None, :] <= rows
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        in_dim: int,
+        hidden_size: int,
+        num_heads: int,
+        kv_heads: int,
+        head_dim: int,
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.kv_heads, self.head_dim = num_heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache,
+        layer_idx: int,
+    ) -> torch.Tensor:
+        batch, q, _ = x.shape
+        query = self.q_proj(x).view(batch, q, self.num_heads, self.head_dim).transpose(1, 2)
+        key = self.k_proj(x).view(batch, q, self.kv_heads, self.head_dim).transpose(1, 2)
+        value = self.v_proj(x).view(batch, q, self.kv_heads, self.head_dim).transpose(1, 2)
+        query, key = apply_rope(query, cos, sin), apply_rope(key, cos, sin)
+        if cache is not None:
+            key, value = cache.update(key, value, layer_idx)
+        kv = key.shape[2]
+        if attention_mask is None:
+            mask = causal_mask(q, kv, x.device)[None, None]
+        else:
+            mask = attention_mask
+            if mask.shape[-2:] != (q, kv):
+                raise ValueError(f"attention_mask is {tuple(mask.shape)}, expected [B, 1, {q}, {kv}]")
+            # A query that sees nothing (padding) would give NaN; let it see everything instead.
+            mask = mask | ~mask.any(dim=-1, keepdim=True)
+        if self.kv_heads != self.num_heads:
+            repeat = self.num_heads // self.kv_heads
+            key = key.repeat_interleave(repeat, dim=1)
+            value = value.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(query, key.to(query.dtype), value.to(query.dtype), attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, q, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """A Llama decoder layer. Three flavours:
+
+    - `fused_input=True` (EAGLE-3 / P-EAGLE layer 0): attention reads
+      `cat(input_layernorm(embedding), hidden_norm(hidden))` (2H wide); the residual is `hidden`.
+    - `skip_input_norm=True` (EAGLE-1 layer 0): no input norm (the fc output goes straight in).
+    - otherwise a plain pre-norm layer.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        fused_input: bool = False,
+        skip_input_norm: bool = False,
+        attention_bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.fused_input = fused_input
+        in_dim = 2 * hidden_size if fused_input else hidden_size
+        self.input_layernorm: nn.Module = nn.Identity() if skip_input_norm else RMSNorm(hidden_size, eps)
+        if fused_input:
+            self.hidden_norm = RMSNorm(hidden_size, eps)
+        self.self_attn = Attention(in_dim, hidden_size, num_heads, kv_heads, head_dim, bias=attention_bias)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+        self.mlp = MLP(hidden_size, intermediate_size)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache,
+        layer_idx: int,
+        embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        residual = hidden
+        if self.fused_input:
+            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        else:
+            x = self.input_layernorm(hidden)
+        hidden = residual + self.self_attn(x, cos, sin, attention_mask, cache, layer_idx)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class ListCache:
+    """The simplest object with the slot-cache protocol: per layer, new keys/values are appended
+    along the sequence and the whole history is returned. Used for training-time test (each unrolled
+    step appends one block) and in tests as a reference cache."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+        self.values: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: object):
+        self.keys[layer_idx].append(key_states)
+        self.values[layer_idx].append(value_states)
+        return torch.cat(self.keys[layer_idx], dim=2), torch.cat(self.values[layer_idx], dim=2)
+
+    def __len__(self) -> int:
+        return sum(k.shape[2] for k in self.keys[0])

@@ -1,0 +1,460 @@
+"""Training objectives and agreement metrics for the three head families.
+
+All of them work in the *head frame*. A padded batch of sequences x_0..x_{N-1} with target logits
+l_i (the target's distribution of x_{i+1}) and features g_i becomes, at head row j = 0..N-2:
+
+    token x_{j+1}, position j+1, feature g_j, label l_{j+1} (the distribution of x_{j+2}),
+    loss mask m_{j+2} (x_{j+2} is a reply token), and for EAGLE the regression target g_{j+1}.
+
+This is the pairing the engine uses at inference: the token just produced with the feature of the
+position before it. Losses count a row only inside the loss mask and where the target's top-1
+token is in the draft vocabulary; metrics count every reply row (a token outside the draft
+vocabulary is simply a miss, as it is for the engine).
+
+- EAGLE-3 training-time test (`ttt_loss`): n unrolled steps through a `ListCache`; step k feeds
+  token x_{j+1+k} and the head's own step k-1 output hidden state, at position j+1+k. Its queries
+  see the step-0 keys causally plus, from each step 1..k, only the key of the same row (`ttt_mask`),
+  exactly what the head's KV cache holds when the engine drafts a chain from row j. Loss:
+  sum_k decay^k * mean soft-CE(p_target over the draft vocabulary, q_draft).
+- P-EAGLE (`peagle_loss`): depth-sampled (anchor, depth) elements in one forward, the attention
+  pattern of `peagle_mask`, count-normalised soft CE, no per-depth decay.
+- EAGLE (`eagle_loss`): smooth-L1 regression of the next feature + 0.1 x token soft CE through the
+  target's lm_head (EAGLE's weights 1.0 / 0.1), optionally unrolled like TTT.
+
+Agreement (`Agreement`): at depth d = 1..K, the fraction of reply rows where the head's top-1
+(mapped to target ids) equals the target's top-1 (`acc`), and the fraction where depths 1..d all
+agree and every fed-back token is the target's own top-1 (`chain`): the per-position acceptance
+rate of greedy chain verification. `tau = 1 + sum_d chain_d` is the mean acceptance length.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from aerie.heads.base import DraftHead
+from aerie.heads.layers import ListCache
+
+# ---- the head frame ----------------------------------------------------------------------------
+
+
+@dataclass
+class HeadBatch:
+    """A batch in the head frame (see the module docstring); all [B, n] unless noted."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    features: torch.Tensor  # [B, n, F] target feature of the previous position
+    valid: torch.Tensor  # the row's token exists (not padding)
+    loss_mask: torch.Tensor  # the token this row predicts is a reply token
+    target_logits: torch.Tensor  # [B, n, V_draft] target logits restricted to the draft vocabulary
+    target_top1: torch.Tensor  # target top-1 token (target ids)
+    in_vocab: torch.Tensor  # target top-1 is in the draft vocabulary
+    next_features: torch.Tensor | None = None  # [B, n, H] EAGLE regression target
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.input_ids.shape)  # type: ignore[return-value]
+
+
+def head_vocab_mask(head: DraftHead) -> torch.Tensor | None:
+    """t2d of a reduced-vocabulary head, None when the head drafts over the whole vocabulary."""
+    t2d = getattr(head, "t2d", None)
+    if t2d is None or bool(t2d.all()):
+        return None
+    return t2d
+
+
+@torch.no_grad()
+def prepare_batch(
+    target,
+    head: DraftHead,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> HeadBatch:
+    """Run the frozen target over a right-padded batch ([B, N] ids, 0/1 attention mask, bool
+    loss mask over the tokens) and cut the head-frame tensors out of its logits and features."""
+    device = target.device
+    input_ids = input_ids.to(device)
+    attention_mask = attention_mask.to(device)
+    loss_mask = loss_mask.to(device).bool()
+    batch, length = input_ids.shape
+    if length < 3:
+        raise ValueError("sequences need at least 3 tokens to train a head")
+    positions = torch.arange(length, device=device).expand(batch, length)
+    out = target.forward(
+        input_ids, positions, attention_mask=attention_mask.long(), features=head.feature_kind
+    )
+    valid_tokens = attention_mask.bool()
+    logits = out.logits[:, 1:]
+    top1 = logits.argmax(-1)
+    t2d = head_vocab_mask(head)
+    if t2d is not None:
+        draft_logits = logits[..., t2d]
+        in_vocab = t2d[top1]
+    else:
+        draft_logits = logits
+        in_vocab = torch.ones_like(top1, dtype=torch.bool)
+    predicted = loss_mask & valid_tokens
+    lmask = torch.zeros(batch, length - 1, dtype=torch.bool, device=device)
+    lmask[:, :-1] = predicted[:, 2:]
+    features = out.features
+    return HeadBatch(
+        input_ids=input_ids[:, 1:],
+        position_ids=positions[:, 1:],
+        features=features[:, :-1],
+        valid=valid_tokens[:, 1:],
+        loss_mask=lmask,
+        target_logits=draft_logits.float(),
+        target_top1=top1,
+        in_vocab=in_vocab,
+        next_features=features[:, 1:] if head.feature_kind == "last" else None,
+    )
+
+
+def shift_left(x: torch.Tensor, k: int, fill=0) -> torch.Tensor:
+    """x[:, j] <- x[:, j + k] along dim 1, `fill` past the end."""
+    if k == 0:
+        return x
+    out = torch.full_like(x, fill)
+    if k < x.shape[1]:
+        out[:, : x.shape[1] - k] = x[:, k:]
+    return out
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """-sum_v p_target(v) log q(v), per row; p_target = softmax(target_logits)."""
+    p = torch.softmax(target_logits.float(), dim=-1)
+    return -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+@dataclass
+class LossOutput:
+    """A scalar loss to backpropagate and plain-float metrics of the batch (per depth d = 1..:
+    `loss_d`, and `acc_d` the top-1 agreement with the target)."""
+
+    loss: torch.Tensor
+    metrics: dict[str, float]
+
+
+def _step_metrics(step_losses: list[float], agreement: Agreement) -> dict[str, float]:
+    metrics = {f"loss_{d}": v for d, v in enumerate(step_losses, start=1)}
+    metrics.update({f"acc_{d}": v for d, v in enumerate(agreement.acc, start=1)})
+    return metrics
+
+
+# ---- agreement metrics -------------------------------------------------------------------------
+
+
+@dataclass
+class Agreement:
+    """Summed counts per depth 1..K; merge across batches (or workers) by adding."""
+
+    correct: list[float] = field(default_factory=list)
+    chain: list[float] = field(default_factory=list)
+    count: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_grid(
+        cls, correct: torch.Tensor, fed_ok: torch.Tensor, counted: torch.Tensor
+    ) -> Agreement:
+        """correct/counted [B, n, K]: depth-d top-1 agreement and whether it is a reply row;
+        fed_ok [B, n, K]: the token fed at depth d (d >= 1) is the target's own top-1."""
+        chain = torch.cumprod((correct & fed_ok).long(), dim=-1).bool()
+        counted_f = counted.float()
+        return cls(
+            correct=(correct.float() * counted_f).sum((0, 1)).tolist(),
+            chain=(chain.float() * counted_f).sum((0, 1)).tolist(),
+            count=counted_f.sum((0, 1)).tolist(),
+        )
+
+    def merge(self, other: Agreement) -> Agreement:
+        if not self.count:
+            return Agreement(list(other.correct), list(other.chain), list(other.count))
+        if not other.count:
+            return Agreement(list(self.correct), list(self.chain), list(self.count))
+        depth = min(len(self.count), len(other.count))
+        return Agreement(
+            [a + b for a, b in zip(self.correct[:depth], other.correct[:depth], strict=True)],
+            [a + b for a, b in zip(self.chain[:depth], other.chain[:depth], strict=True)],
+            [a + b for a, b in zip(self.count[:depth], other.count[:depth], strict=True)],
+        )
+
+    @property
+    def acc(self) -> list[float]:
+        return [c / n if n else 0.0 for c, n in zip(self.correct, self.count, strict=True)]
+
+    @property
+    def chain_rate(self) -> list[float]:
+        return [c / n if n else 0.0 for c, n in zip(self.chain, self.count, strict=True)]
+
+    @property
+    def tau(self) -> float:
+        return 1.0 + sum(self.chain_rate)
+
+    def summary(self, prefix: str = "") -> dict[str, float]:
+        out: dict[str, float] = {}
+        for d, (a, c) in enumerate(zip(self.acc, self.chain_rate, strict=True), start=1):
+            out[f"{prefix}acc_{d}"] = a
+            out[f"{prefix}chain_{d}"] = c
+        if self.count:
+            out[f"{prefix}tau"] = self.tau
+        return out
+
+
+def _grid(hb: HeadBatch, preds: list[torch.Tensor]) -> Agreement:
+    """Agreement for chain predictions preds[k] [B, n] (target ids) made at row j, depth k+1."""
+    correct, fed_ok, counted = [], [], []
+    for k, pred in enumerate(preds):
+        correct.append(pred == shift_left(hb.target_top1, k, -1))
+        counted.append(shift_left(hb.loss_mask, k, False))
+        if k == 0:
+            fed_ok.append(torch.ones_like(pred, dtype=torch.bool))
+        else:
+            fed_ok.append(shift_left(hb.input_ids, k, -2) == shift_left(hb.target_top1, k - 1, -3))
+    return Agreement.from_grid(torch.stack(correct, -1), torch.stack(fed_ok, -1), torch.stack(counted, -1))
+
+
+# ---- EAGLE-3 training-time test (and the sequential unroll all chain heads share) --------------
+
+
+def ttt_mask(valid: torch.Tensor, step: int) -> torch.Tensor:
+    """[B, 1, n, (step+1) n] bool: step-0 keys causally (padding hidden), then for each step
+    1..step the key of the same row only."""
+    batch, n = valid.shape
+    device = valid.device
+    causal = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+    blocks = [causal[None] & valid[:, None, :]]
+    eye = torch.eye(n, dtype=torch.bool, device=device)[None].expand(batch, n, n)
+    blocks += [eye] * step
+    return torch.cat(blocks, dim=-1)[:, None]
+
+
+def unroll(head: DraftHead, hb: HeadBatch, steps: int):
+    """The chain a head drafts from every row at once: `steps` forwards through one ListCache.
+    Yields (k, HeadOutput) for k = 0..steps-1."""
+    cache = ListCache(head.num_layers)
+    hidden = None
+    for k in range(steps):
+        ids = shift_left(hb.input_ids, k, 0)
+        positions = hb.position_ids + k
+        mask = ttt_mask(hb.valid, k)
+        if k == 0:
+            out = head(ids, positions, features=hb.features, attention_mask=mask, cache=cache)
+        else:
+            out = head(ids, positions, hidden=hidden, attention_mask=mask, cache=cache)
+        hidden = out.hidden
+        yield k, out
+
+
+def ttt_loss(head: DraftHead, hb: HeadBatch, steps: int = 3, decay: float = 0.8) -> LossOutput:
+    """EAGLE-3 training-time test over `steps` unrolled steps, weights decay^k."""
+    total = torch.zeros((), device=hb.input_ids.device)
+    preds, step_losses = [], []
+    for k, out in unroll(head, hb, steps):
+        weight = shift_left(hb.loss_mask, k, False) & shift_left(hb.in_vocab, k, False)
+        ce = soft_cross_entropy(out.logits, shift_left(hb.target_logits, k, 0.0))
+        step = _masked_mean(ce, weight)
+        total = total + (decay**k) * step
+        step_losses.append(float(step.detach()))
+        preds.append(head.draft_to_target(out.logits.detach().argmax(-1)))
+    return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
+
+
+def eagle_loss(
+    head: DraftHead,
+    hb: HeadBatch,
+    steps: int = 1,
+    decay: float = 0.8,
+    feature_weight: float = 1.0,
+    token_weight: float = 0.1,
+) -> LossOutput:
+    """EAGLE: smooth-L1 on the predicted next feature + token soft CE, per unrolled step."""
+    if hb.next_features is None:
+        raise ValueError("the EAGLE loss needs next_features (prepare the batch with features='last')")
+    total = torch.zeros((), device=hb.input_ids.device)
+    preds, step_losses = [], []
+    for k, out in unroll(head, hb, steps):
+        mask = shift_left(hb.loss_mask, k, False)
+        goal = shift_left(hb.next_features, k, 0.0).to(out.hidden.dtype)
+        vloss = _masked_mean(F.smooth_l1_loss(out.hidden, goal, reduction="none").mean(-1), mask)
+        ploss = _masked_mean(soft_cross_entropy(out.logits, shift_left(hb.target_logits, k, 0.0)), mask)
+        step = feature_weight * vloss + token_weight * ploss
+        total = total + (decay**k) * step
+        step_losses.append(float(step.detach()))
+        preds.append(head.draft_to_target(out.logits.detach().argmax(-1)))
+    return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
+
+
+@torch.no_grad()
+def chain_agreement(head: DraftHead, hb: HeadBatch, depth: int) -> Agreement:
+    """Agreement of a sequentially drafting head (EAGLE-3, EAGLE) at depths 1..depth."""
+    preds = [head.draft_to_target(out.logits.argmax(-1)) for _, out in unroll(head, hb, depth)]
+    return _grid(hb, preds)
+
+
+# ---- P-EAGLE -----------------------------------------------------------------------------------
+
+
+def peagle_sample(
+    valid: torch.Tensor,
+    loss_mask: torch.Tensor,
+    depths: int = 8,
+    ratio: float = 0.7,
+    ratio_min: float = 0.2,
+    generator: torch.Generator | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Depth sampling, per row: (anchors, depths) of the elements to train on.
+
+    Depth 0 keeps every real row. Depth d >= 1 keeps floor((n_loss - d) * max(ratio^d, ratio_min))
+    anchors, drawn uniformly from the depth d-1 anchors whose depth-d element is a reply row
+    (the "+1-shifted survivors"); n_loss is the row's number of reply rows.
+    """
+    rows = []
+    n = valid.shape[1]
+    for b in range(valid.shape[0]):
+        lmask = loss_mask[b].cpu()
+        anchors = torch.nonzero(valid[b].cpu(), as_tuple=False).flatten()
+        parts_a, parts_d = [anchors], [torch.zeros_like(anchors)]
+        n_loss = int(lmask.sum())
+        current = anchors
+        for d in range(1, depths):
+            reach = current + d
+            ok = reach < n
+            current = current[ok]
+            current = current[lmask[current + d]]
+            size = math.floor(max(0, n_loss - d) * max(ratio**d, ratio_min))
+            if size <= 0 or current.numel() == 0:
+                break
+            if current.numel() > size:
+                pick = torch.randperm(current.numel(), generator=generator)[:size]
+                current = torch.sort(current[pick]).values
+            parts_a.append(current)
+            parts_d.append(torch.full_like(current, d))
+        rows.append((torch.cat(parts_a), torch.cat(parts_d)))
+    return rows
+
+
+def peagle_grid(valid: torch.Tensor, loss_mask: torch.Tensor, depths: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every real row at depth 0 and every row whose depth-d element is a reply row at depth d:
+    what the engine's one-forward drafting of K = depths tokens does from each position."""
+    rows = []
+    n = valid.shape[1]
+    for b in range(valid.shape[0]):
+        lmask = loss_mask[b].cpu()
+        anchors = torch.nonzero(valid[b].cpu(), as_tuple=False).flatten()
+        parts_a, parts_d = [anchors], [torch.zeros_like(anchors)]
+        for d in range(1, depths):
+            keep = anchors[(anchors + d < n)]
+            keep = keep[lmask[keep + d]]
+            parts_a.append(keep)
+            parts_d.append(torch.full_like(keep, d))
+        rows.append((torch.cat(parts_a), torch.cat(parts_d)))
+    return rows
+
+
+def peagle_mask(anchor: torch.Tensor, depth: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """[B, 1, E, E] bool: query (a, d) sees key (a', d') iff the key is present and either
+    (d' == 0 and a' <= a) or (a' == a and d' <= d)."""
+    qa, ka = anchor[:, :, None], anchor[:, None, :]
+    qd, kd = depth[:, :, None], depth[:, None, :]
+    mask = ((kd == 0) & (ka <= qa)) | ((ka == qa) & (kd <= qd))
+    return (mask & present[:, None, :])[:, None]
+
+
+@dataclass
+class PEagleElements:
+    """Padded (anchor, depth) elements of a batch: [B, E] each."""
+
+    anchor: torch.Tensor
+    depth: torch.Tensor
+    present: torch.Tensor
+
+    @classmethod
+    def pack(cls, rows: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> PEagleElements:
+        width = max(a.numel() for a, _ in rows)
+        anchor = torch.zeros(len(rows), width, dtype=torch.long)
+        depth = torch.zeros(len(rows), width, dtype=torch.long)
+        present = torch.zeros(len(rows), width, dtype=torch.bool)
+        for b, (a, d) in enumerate(rows):
+            anchor[b, : a.numel()] = a
+            depth[b, : a.numel()] = d
+            present[b, : a.numel()] = True
+        return cls(anchor.to(device), depth.to(device), present.to(device))
+
+
+def peagle_forward(head, hb: HeadBatch, elements: PEagleElements):
+    """One head forward over P-EAGLE elements. Returns (HeadOutput, target row index [B, E])."""
+    anchor, depth, present = elements.anchor, elements.depth, elements.present
+    n = hb.input_ids.shape[1]
+    row = (anchor + depth).clamp(max=n - 1)
+    is_mask = depth > 0
+    ids = torch.where(is_mask, torch.full_like(anchor, head.mask_token_id), hb.input_ids.gather(1, anchor))
+    positions = hb.position_ids.gather(1, anchor) + depth
+    feats = hb.features.gather(1, anchor[..., None].expand(-1, -1, hb.features.shape[-1]))
+    feats = torch.where(is_mask[..., None], head.mask_hidden.to(feats.dtype), feats.to(head.mask_hidden.dtype))
+    mask = peagle_mask(anchor, depth, present)
+    return head(ids, positions, features=feats, attention_mask=mask), row
+
+
+def peagle_loss(
+    head,
+    hb: HeadBatch,
+    depths: int = 8,
+    ratio: float = 0.7,
+    ratio_min: float = 0.2,
+    generator: torch.Generator | None = None,
+) -> LossOutput:
+    """P-EAGLE: depth-sampled elements, count-normalised soft CE (metrics per depth over the
+    sampled elements; `peagle_agreement` gives chain rates)."""
+    rows = peagle_sample(hb.valid, hb.loss_mask, depths, ratio, ratio_min, generator)
+    elements = PEagleElements.pack(rows, hb.input_ids.device)
+    out, row = peagle_forward(head, hb, elements)
+    counted = elements.present & hb.loss_mask.gather(1, row)
+    weight = counted & hb.in_vocab.gather(1, row)
+    labels = hb.target_logits.gather(1, row[..., None].expand(-1, -1, hb.target_logits.shape[-1]))
+    ce = soft_cross_entropy(out.logits, labels)
+    loss = _masked_mean(ce, weight)
+    metrics: dict[str, float] = {}
+    with torch.no_grad():
+        correct = head.draft_to_target(out.logits.argmax(-1)) == hb.target_top1.gather(1, row)
+        for d in range(depths):
+            sel = counted & (elements.depth == d)
+            if not bool(sel.any()):
+                break
+            metrics[f"loss_{d + 1}"] = float(_masked_mean(ce, sel & weight))
+            metrics[f"acc_{d + 1}"] = float(_masked_mean(correct.float(), sel))
+        metrics["elements"] = float(elements.present.sum())
+    return LossOutput(loss, metrics)
+
+
+@torch.no_grad()
+def peagle_agreement(head, hb: HeadBatch, depth: int) -> Agreement:
+    """Agreement of a P-EAGLE head drafting `depth` tokens in one forward from every row."""
+    rows = peagle_grid(hb.valid, hb.loss_mask, depth)
+    elements = PEagleElements.pack(rows, hb.input_ids.device)
+    out, row = peagle_forward(head, hb, elements)
+    batch, n = hb.input_ids.shape
+    pred = head.draft_to_target(out.logits.argmax(-1))
+    ok = pred == hb.target_top1.gather(1, row)
+    correct = torch.zeros(batch, n, depth, dtype=torch.bool, device=ok.device)
+    counted = torch.zeros_like(correct)
+    b_idx = torch.arange(batch, device=ok.device)[:, None].expand_as(row)
+    sel = elements.present & hb.loss_mask.gather(1, row)
+    correct[b_idx[sel], elements.anchor[sel], elements.depth[sel]] = ok[sel]
+    counted[b_idx[sel], elements.anchor[sel], elements.depth[sel]] = True
+    fed_ok = torch.stack(
+        [torch.ones(batch, n, dtype=torch.bool, device=ok.device)]
+        + [shift_left(hb.input_ids, k, -2) == shift_left(hb.target_top1, k - 1, -3) for k in range(1, depth)],
+        dim=-1,
+    )
+    return Agreement.from_grid(correct, fed_ok, counted)
