@@ -1,0 +1,44 @@
+"""`aerie generate`: the engine in-process, no Ray. Also the quickest way to try a head."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from aerie.engine import Engine, EngineConfig, SamplingParams
+from aerie.target import load_target
+
+
+def run_generate(
+    target: str,
+    prompts: list[str],
+    method: str = "none",
+    head: str | None = None,
+    k: int = 0,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    max_slots: int = 8,
+) -> Iterator[dict]:
+    """Yield `{"prompt", "text", "token_ids", "acceptance_length"}` per prompt, in order."""
+    if method != "none":
+        raise ValueError(f"unknown method {method!r}: expected none")
+    loaded = load_target(target)
+    longest = max(len(loaded.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
+    engine = Engine(loaded, EngineConfig(max_slots=max_slots, max_len=longest + max_tokens))
+    params = [
+        SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=None if seed is None else seed + index,
+        )
+        for index in range(len(prompts))
+    ]
+    for prompt, completion in zip(prompts, engine.generate(prompts, params), strict=True):
+        yield {
+            "prompt": prompt,
+            "text": completion.text,
+            "token_ids": completion.token_ids,
+            "acceptance_length": completion.spec.acceptance_length,
+        }

@@ -1,0 +1,68 @@
+"""Engine behaviour beyond the tokens: memory bounds, errors, stops, streaming, cancellation."""
+
+from __future__ import annotations
+
+import pytest
+from random_models import hf_greedy, random_model, random_prompts
+
+from aerie.engine import Engine, EngineConfig, SamplingParams
+from aerie.target import Target
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model("qwen3", seed=5)
+
+
+def test_cache_memory_is_fixed_by_slots_and_max_len(model):
+    target = Target(model)
+    engine = Engine(target, EngineConfig(max_slots=4, max_len=100))
+    config = model.config
+    per_column = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    assert engine.cache.nbytes() == 4 * (100 + 1) * per_column
+    engine.generate(random_prompts([30, 30, 30, 30, 30, 30]), SamplingParams(max_tokens=60))
+    assert engine.cache.nbytes() == 4 * (100 + 1) * per_column
+
+
+def test_request_longer_than_cache_is_refused_clearly(model):
+    engine = Engine(Target(model), EngineConfig(max_slots=2, max_len=50))
+    with pytest.raises(ValueError, match=r"needs 60 tokens \(prompt 40 \+ max_tokens 20\).*max_len is 50"):
+        engine.add_request(random_prompts([40])[0], SamplingParams(max_tokens=20))
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request([], SamplingParams())
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+
+
+def test_stop_token_ids_end_the_request_inclusively(model):
+    prompt = random_prompts([8])[0]
+    reference = hf_greedy(model, prompt, 12)
+    stop = reference[5]
+    engine = Engine(Target(model), EngineConfig(max_slots=2, max_len=64))
+    [result] = engine.generate([prompt], SamplingParams(max_tokens=12, stop_token_ids=(stop,)))
+    cut = reference.index(stop) + 1
+    assert result.token_ids == reference[:cut]
+    assert result.finish_reason == "stop"
+
+
+def test_streamed_deltas_add_up_and_cancel_frees_the_slot(model):
+    prompts = random_prompts([6, 9, 12])
+    engine = Engine(Target(model), EngineConfig(max_slots=2, max_len=64))
+    ids = [engine.add_request(p, SamplingParams(max_tokens=10)) for p in prompts]
+    streamed: dict[str, list[int]] = {i: [] for i in ids}
+    finished = {}
+    for _ in range(3):
+        for out in engine.step():
+            streamed[out.request_id] += out.new_token_ids
+    cancelled = engine.cancel(ids[0])
+    assert cancelled is not None and cancelled.finished and cancelled.finish_reason == "abort"
+    while engine.has_unfinished():
+        for out in engine.step():
+            streamed[out.request_id] += out.new_token_ids
+            if out.finished:
+                finished[out.request_id] = out.finish_reason
+    assert finished == {ids[1]: "length", ids[2]: "length"}
+    for request_id, prompt in zip(ids[1:], prompts[1:], strict=True):
+        assert streamed[request_id] == hf_greedy(model, prompt, 10)
+    assert 0 < len(streamed[ids[0]]) < 10
+    assert engine.cancel(ids[0]) is None

@@ -1,0 +1,80 @@
+"""Tiny random-config targets for every supported architecture (no downloads, built in ms)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    GptOssConfig,
+    GptOssForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+VOCAB = 512
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    eos_token_id=None,
+    bos_token_id=None,
+)
+
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"]
+
+
+def random_model(arch: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**_COMMON))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**_COMMON))
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**_COMMON, head_dim=16))
+    elif arch == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(**_COMMON, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+        )
+    elif arch == "gpt_oss":
+        config = GptOssConfig(
+            **{**_COMMON, "intermediate_size": 64},
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
+        model = GptOssForCausalLM(config)
+    else:
+        raise ValueError(arch)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """The reference: transformers' own greedy decoding."""
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def random_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in lengths]
