@@ -35,7 +35,9 @@ class DraftHead(nn.Module):
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         if config.method != self.method:
-            raise ValueError(f"{type(self).__name__} needs method={self.method!r}, config says {config.method!r}")
+            raise ValueError(
+                f"{type(self).__name__} needs method={self.method!r}, config says {config.method!r}"
+            )
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(config.embed_trainable)
@@ -101,8 +103,7 @@ class DraftHead(nn.Module):
     def load_target_weights(self, target) -> None:
         """Copy the target's token embedding into the head (frozen unless the method trains it)."""
         weight = target.embed_tokens.weight
-        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
-            raise ValueError(
-                f"target embedding is {tuple(weight.shape)}, head expects {tuple(self.embed_tokens.weight.shape)}"
-            )
+        mine = tuple(self.embed_tokens.weight.shape)
+        if tuple(weight.shape) != mine:
+            raise ValueError(f"target embedding is {tuple(weight.shape)}, head expects {mine}")
         self.embed_tokens.weight.copy_(weight.to(self.embed_tokens.weight.dtype))

@@ -105,6 +105,10 @@ def default_mask_token_id(target) -> int:
     """The P-EAGLE placeholder: the tokenizer's pad token when it has one that is not also EOS,
     else the last embedding row (an id real text does not produce in our tiny targets)."""
     tok = getattr(target, "tokenizer", None)
-    if tok is not None and tok.pad_token_id is not None and tok.pad_token_id not in set(target.stop_token_ids):
+    if (
+        tok is not None
+        and tok.pad_token_id is not None
+        and tok.pad_token_id not in set(target.stop_token_ids)
+    ):
         return int(tok.pad_token_id)
     return int(target.vocab_size - 1)

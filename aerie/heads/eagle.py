@@ -58,7 +58,9 @@ class EagleHead(DraftHead):
         super().load_target_weights(target)
         weight = target.lm_head.weight
         if tuple(weight.shape) != tuple(self.lm_head.weight.shape):
-            raise ValueError(f"target lm_head is {tuple(weight.shape)}, head expects {tuple(self.lm_head.weight.shape)}")
+            raise ValueError(
+                f"target lm_head is {tuple(weight.shape)}, head expects {tuple(self.lm_head.weight.shape)}"
+            )
         self.lm_head.weight.copy_(weight.to(self.lm_head.weight.dtype))
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:

@@ -164,9 +164,7 @@ class Agreement:
     count: list[float] = field(default_factory=list)
 
     @classmethod
-    def from_grid(
-        cls, correct: torch.Tensor, fed_ok: torch.Tensor, counted: torch.Tensor
-    ) -> Agreement:
+    def from_grid(cls, correct: torch.Tensor, fed_ok: torch.Tensor, counted: torch.Tensor) -> Agreement:
         """correct/counted [B, n, K]: depth-d top-1 agreement and whether it is a reply row;
         fed_ok [B, n, K]: the token fed at depth d (d >= 1) is the target's own top-1."""
         chain = torch.cumprod((correct & fed_ok).long(), dim=-1).bool()
@@ -344,7 +342,9 @@ def peagle_sample(
     return rows
 
 
-def peagle_grid(valid: torch.Tensor, loss_mask: torch.Tensor, depths: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def peagle_grid(
+    valid: torch.Tensor, loss_mask: torch.Tensor, depths: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every real row at depth 0 and every row whose depth-d element is a reply row at depth d:
     what the engine's one-forward drafting of K = depths tokens does from each position."""
     rows = []
@@ -401,7 +401,9 @@ def peagle_forward(head, hb: HeadBatch, elements: PEagleElements):
     ids = torch.where(is_mask, torch.full_like(anchor, head.mask_token_id), hb.input_ids.gather(1, anchor))
     positions = hb.position_ids.gather(1, anchor) + depth
     feats = hb.features.gather(1, anchor[..., None].expand(-1, -1, hb.features.shape[-1]))
-    feats = torch.where(is_mask[..., None], head.mask_hidden.to(feats.dtype), feats.to(head.mask_hidden.dtype))
+    feats = torch.where(
+        is_mask[..., None], head.mask_hidden.to(feats.dtype), feats.to(head.mask_hidden.dtype)
+    )
     mask = peagle_mask(anchor, depth, present)
     return head(ids, positions, features=feats, attention_mask=mask), row
 

@@ -11,8 +11,17 @@ from aerie.target.model import Target
 VOCAB = 512
 
 
-def make_target(hidden: int = 64, layers: int = 4, vocab: int = VOCAB, heads: int = 4, kv_heads: int = 2,
-                seed: int = 0) -> Target:
+def make_target(
+    hidden: int = 64,
+    layers: int = 4,
+    vocab: int = VOCAB,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+    sharpen: float = 1.0,
+) -> Target:
+    """A random LlamaForCausalLM; `sharpen` scales its lm_head so its next-token distributions are
+    peaked like a trained model's (a random one is nearly uniform: nothing for a head to learn)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab,
@@ -25,7 +34,10 @@ def make_target(hidden: int = 64, layers: int = 4, vocab: int = VOCAB, heads: in
         tie_word_embeddings=False,
     )
     config._attn_implementation = "sdpa"
-    return Target(LlamaForCausalLM(config).eval())
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    return Target(model)
 
 
 @pytest.fixture(scope="session")
@@ -34,8 +46,17 @@ def target() -> Target:
 
 
 @pytest.fixture(scope="session")
-def target8() -> Target:
-    return make_target(layers=8, seed=1)
+def sharp_target() -> Target:
+    return make_target(seed=2, sharpen=40.0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matrices: one thread is fastest, and the box is shared."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
 
 
 def random_batch(batch: int = 3, length: int = 24, vocab: int = VOCAB, seed: int = 0):

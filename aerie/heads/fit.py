@@ -1,0 +1,305 @@
+"""A single-process trainer for any draft head, free of Ray.
+
+The frozen target runs on every batch to produce its features and logits (online features); the
+head trains on them with its method's objective. Ray Train wraps the same pieces later:
+`train_step` (one optimiser step on one batch) and `evaluate` (agreement at depths 1..K) work
+from any loop; `fit` is the plain loop with epochs and a tqdm bar.
+
+Data are `Example`s: token ids of a whole conversation and a loss mask that is True on reply
+tokens. Batches are right-padded; the target sees a 2-D attention mask.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from aerie.heads import new_head
+from aerie.heads.base import DraftHead
+from aerie.heads.config import Method
+from aerie.heads.losses import (
+    Agreement,
+    LossOutput,
+    chain_agreement,
+    eagle_loss,
+    peagle_agreement,
+    peagle_loss,
+    prepare_batch,
+    ttt_loss,
+)
+from aerie.heads.vocab import build_draft_vocab, token_counts
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    loss_mask: list[bool]
+
+    def __post_init__(self) -> None:
+        if len(self.input_ids) != len(self.loss_mask):
+            raise ValueError(
+                f"input_ids ({len(self.input_ids)}) and loss_mask ({len(self.loss_mask)}) differ"
+            )
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    batch_size: int = 8
+    max_length: int = 1024  # longer examples are cut (from the right)
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.05
+    min_lr_ratio: float = 0.05
+    grad_clip: float = 0.5
+    max_steps: int | None = None  # stop early (the cosine schedule still spans max_steps)
+    max_seconds: float | None = None  # wall-clock budget; the schedule assumes all steps run
+    # EAGLE-3 training-time test (SpecForge / EAGLE-3 unroll 7, speculators 3)
+    ttt_steps: int = 3
+    ttt_decay: float = 0.8
+    # P-EAGLE depth sampling
+    peagle_depths: int = 8
+    peagle_ratio: float = 0.7
+    peagle_ratio_min: float = 0.2
+    # EAGLE (EAGLE-1 weights)
+    eagle_steps: int = 1
+    feature_weight: float = 1.0
+    token_weight: float = 0.1
+    # evaluation
+    eval_depth: int = 5
+    eval_batch_size: int = 4
+    seed: int = 0
+
+
+def collate(examples: Sequence[Example], max_length: int | None = None, pad_id: int = 0):
+    """(input_ids [B, N], attention_mask [B, N] long, loss_mask [B, N] bool), right-padded."""
+    rows = [(e.input_ids[:max_length], e.loss_mask[:max_length]) for e in examples]
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(rows), width, dtype=torch.long)
+    loss = torch.zeros(len(rows), width, dtype=torch.bool)
+    for b, (row_ids, row_mask) in enumerate(rows):
+        ids[b, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
+        attn[b, : len(row_ids)] = 1
+        loss[b, : len(row_mask)] = torch.tensor(row_mask, dtype=torch.bool)
+    return ids, attn, loss
+
+
+def iterate_batches(
+    examples: Sequence[Example], batch_size: int, generator: torch.Generator | None = None
+) -> Iterator[list[Example]]:
+    """Batches in a random order from `generator` (in order when None); examples shorter than
+    3 tokens are skipped."""
+    usable = [e for e in examples if len(e.input_ids) >= 3]
+    order = (
+        torch.randperm(len(usable), generator=generator).tolist()
+        if generator is not None
+        else range(len(usable))
+    )
+    order = list(order)
+    for start in range(0, len(order), batch_size):
+        yield [usable[i] for i in order[start : start + batch_size]]
+
+
+def draft_vocab_from_examples(
+    examples: Iterable[Example], vocab_size: int, draft_vocab_size: int, always_include: Iterable[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) for the most frequent reply tokens of the training data."""
+    examples = list(examples)
+    counts = token_counts([e.input_ids for e in examples], [e.loss_mask for e in examples], vocab_size)
+    return build_draft_vocab(counts, draft_vocab_size, always_include)
+
+
+def make_optimizer(head: DraftHead, config: TrainConfig, total_steps: int):
+    """AdamW over the trainable parameters, linear warmup then cosine decay to min_lr_ratio."""
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+    warmup = max(1, int(round(config.warmup_ratio * total_steps)))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def compute_loss(
+    head: DraftHead, hb, config: TrainConfig, generator: torch.Generator | None = None
+) -> LossOutput:
+    """The method's training objective on a prepared batch."""
+    if head.method == "eagle3":
+        return ttt_loss(head, hb, config.ttt_steps, config.ttt_decay)
+    if head.method == "peagle":
+        return peagle_loss(
+            head, hb, config.peagle_depths, config.peagle_ratio, config.peagle_ratio_min, generator
+        )
+    if head.method == "eagle":
+        return eagle_loss(
+            head, hb, config.eagle_steps, config.ttt_decay, config.feature_weight, config.token_weight
+        )
+    raise ValueError(f"unknown head method {head.method!r}")
+
+
+def train_step(
+    head: DraftHead,
+    target,
+    batch: Sequence[Example],
+    optimizer: torch.optim.Optimizer,
+    scheduler=None,
+    config: TrainConfig | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """One optimiser step on one batch. Returns plain-float metrics (loss, per-depth loss/acc,
+    grad_norm, lr, tokens)."""
+    config = config or TrainConfig()
+    head.train()
+    ids, attn, loss_mask = collate(batch, config.max_length)
+    hb = prepare_batch(target, head, ids, attn, loss_mask)
+    out = compute_loss(head, hb, config, generator)
+    optimizer.zero_grad(set_to_none=True)
+    out.loss.backward()
+    params = [p for p in head.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    metrics = {
+        "loss": float(out.loss.detach()),
+        "grad_norm": float(grad_norm),
+        "lr": optimizer.param_groups[0]["lr"],
+    }
+    metrics["tokens"] = float(hb.loss_mask.sum())
+    metrics.update(out.metrics)
+    return metrics
+
+
+@torch.no_grad()
+def agreement(
+    head: DraftHead, target, batch: Sequence[Example], depth: int = 5, max_length: int | None = None
+) -> Agreement:
+    """Top-1 agreement of the head's drafts with the target at depths 1..depth on one batch, drafted
+    the way the engine drafts (a chain for EAGLE-3 / EAGLE, one forward for P-EAGLE)."""
+    ids, attn, loss_mask = collate(batch, max_length)
+    hb = prepare_batch(target, head, ids, attn, loss_mask)
+    if head.method == "peagle":
+        return peagle_agreement(head, hb, depth)
+    return chain_agreement(head, hb, depth)
+
+
+@torch.no_grad()
+def evaluate(
+    head: DraftHead,
+    target,
+    examples: Sequence[Example],
+    depth: int = 5,
+    batch_size: int = 4,
+    max_length: int | None = None,
+) -> dict[str, float]:
+    """Agreement over a data set: `acc_d`, `chain_d` (per-position acceptance of greedy chain
+    verification) for d = 1..depth, and `tau` (mean acceptance length at K = depth, bonus counted)."""
+    was_training = head.training
+    head.eval()
+    total = Agreement()
+    for batch in iterate_batches(examples, batch_size):
+        total = total.merge(agreement(head, target, batch, depth, max_length))
+    head.train(was_training)
+    summary = total.summary()
+    summary["eval_tokens"] = total.count[0] if total.count else 0.0
+    return summary
+
+
+@dataclass
+class FitResult:
+    history: list[dict[str, float]] = field(default_factory=list)
+    eval: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    seconds: float = 0.0
+
+
+def fit(
+    head: DraftHead,
+    target,
+    train: Sequence[Example],
+    eval_examples: Sequence[Example] | None = None,
+    config: TrainConfig | None = None,
+    progress: bool = True,
+    callback: Callable[[int, dict[str, float]], None] | None = None,
+) -> FitResult:
+    """Train `head` for `config.epochs` epochs (or `max_steps` / `max_seconds`), then evaluate on
+    `eval_examples`. Deterministic for a given seed (data order and P-EAGLE sampling)."""
+    config = config or TrainConfig()
+    generator = torch.Generator().manual_seed(config.seed)
+    usable = sum(1 for e in train if len(e.input_ids) >= 3)
+    steps_per_epoch = math.ceil(usable / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+    optimizer, scheduler = make_optimizer(head, config, total_steps)
+    result = FitResult()
+    start = time.monotonic()
+    bar = tqdm(total=total_steps, disable=not progress, desc=f"fit {head.method}")
+    step = 0
+    done = False
+    for _epoch in range(config.epochs):
+        for batch in iterate_batches(train, config.batch_size, generator):
+            metrics = train_step(head, target, batch, optimizer, scheduler, config, generator)
+            step += 1
+            metrics["step"] = step
+            result.history.append(metrics)
+            if callback is not None:
+                callback(step, metrics)
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc1=f"{metrics.get('acc_1', 0.0):.3f}")
+            elapsed = time.monotonic() - start
+            if step >= total_steps or (config.max_seconds is not None and elapsed >= config.max_seconds):
+                done = True
+                break
+        if done:
+            break
+    bar.close()
+    result.steps = step
+    result.seconds = time.monotonic() - start
+    if eval_examples:
+        result.eval = evaluate(
+            head, target, eval_examples, config.eval_depth, config.eval_batch_size, config.max_length
+        )
+    return result
+
+
+def train_head(
+    target,
+    method: Method,
+    train: Sequence[Example],
+    eval_examples: Sequence[Example] | None = None,
+    config: TrainConfig | None = None,
+    draft_vocab_size: int = 32000,
+    num_layers: int | None = None,
+    speculative_tokens: int | None = None,
+    progress: bool = True,
+) -> tuple[DraftHead, FitResult]:
+    """Build a head for `target` (draft vocabulary from the training replies, stop tokens always
+    in it), train it, and return it with the fit result."""
+    config = config or TrainConfig()
+    draft_vocab = None
+    if method != "eagle":
+        draft_vocab = draft_vocab_from_examples(
+            train, target.vocab_size, draft_vocab_size, target.stop_token_ids
+        )
+    k = speculative_tokens or (config.peagle_depths if method == "peagle" else config.ttt_steps)
+    head = new_head(
+        target, method, draft_vocab=draft_vocab, num_layers=num_layers, speculative_tokens=k, seed=config.seed
+    )
+    result = fit(head, target, train, eval_examples, config, progress)
+    return head, result
+
+
+def config_dict(config: TrainConfig) -> dict:
+    return asdict(config)

@@ -1,0 +1,194 @@
+"""Head files: a directory with `config.json` (speculators layout) and `model.safetensors`.
+
+config.json holds the fields vllm-project/speculators writes and vLLM's speculators config reader
+consumes (`speculators_model_type`, `architectures`, `transformer_layer_config`,
+`draft_vocab_size`, `target_hidden_size`, `norm_before_residual`,
+`eagle_aux_hidden_state_layer_ids`, `mask_token_id` for P-EAGLE, and `speculators_config` with
+`proposal_methods[0].speculative_tokens` and the `verifier`), plus `aerie_head_config`: the full
+`HeadConfig` this package rebuilds the head from.
+
+model.safetensors uses the names vLLM's EAGLE loaders read: `fc.weight`, `layers.N.*` (files with
+EAGLE-3's original `midlayer.*` load too), `norm.weight`, `lm_head.weight`, `d2t`, `t2d`,
+`mask_hidden` (P-EAGLE), and `embed_tokens.weight` only where the method trains it. An EAGLE
+head's lm_head is the target's and is never stored. Never pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from aerie.heads import build_head
+from aerie.heads.base import DraftHead
+from aerie.heads.config import HeadConfig
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+ARCHITECTURES = {"eagle3": "Eagle3Speculator", "peagle": "PEagleSpeculator", "eagle": "EagleSpeculator"}
+
+
+class HeadMismatchError(ValueError):
+    """A head file does not fit the target it is loaded for."""
+
+
+def speculators_config(config: HeadConfig, speculative_tokens: int | None = None) -> dict:
+    """The config.json dictionary for a head."""
+    k = int(speculative_tokens or config.speculative_tokens)
+    aux_ids = [t + 1 for t in config.tap_layers]  # vLLM names the layer whose input is captured
+    proposal: dict = {"proposal_type": "greedy", "speculative_tokens": k}
+    if config.method == "peagle":
+        proposal["parallel_drafting"] = True
+    layer_config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    }
+    out: dict = {
+        "speculators_model_type": config.method,
+        "architectures": [ARCHITECTURES[config.method]],
+        "transformer_layer_config": layer_config,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "embed_requires_grad": config.embed_trainable,
+    }
+    if config.method == "eagle":
+        out.update(layernorms=False, fusion_bias=False)
+    else:
+        out["eagle_aux_hidden_state_layer_ids"] = aux_ids
+    if config.method == "peagle":
+        out["mask_token_id"] = config.mask_token_id
+    out["speculators_config"] = {
+        "algorithm": config.method,
+        "proposal_methods": [proposal],
+        "default_proposal_method": "greedy",
+        "verifier": {
+            "name_or_path": config.target_name_or_path,
+            "architectures": list(config.target_architectures),
+            "hidden_size": config.target_hidden_size,
+            "vocab_size": config.vocab_size,
+            "num_hidden_layers": config.target_num_layers,
+            "tap_layers": list(config.tap_layers),
+        },
+    }
+    out["aerie_head_config"] = config.model_dump(mode="json")
+    return out
+
+
+def save_head(head: DraftHead, path: str | Path, speculative_tokens: int | None = None) -> str:
+    """Write `config.json` + `model.safetensors` to a directory (local or `s3://`)."""
+    path = str(path)
+    if path.startswith("s3://"):
+        from aerie import storage
+
+        with tempfile.TemporaryDirectory() as tmp:
+            save_head(head, tmp, speculative_tokens)
+            storage.upload(tmp, path)
+        return path
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {
+        name: t.detach().to("cpu").contiguous().clone() for name, t in head.trainable_state_dict().items()
+    }
+    save_file(state, str(out / WEIGHTS_NAME), metadata={"format": "pt", "method": head.method})
+    text = json.dumps(speculators_config(head.config, speculative_tokens), indent=2) + "\n"
+    (out / CONFIG_NAME).write_text(text)
+    return str(out)
+
+
+def read_head_config(path: str | Path) -> HeadConfig:
+    data = json.loads((Path(path) / CONFIG_NAME).read_text())
+    if "aerie_head_config" not in data:
+        raise ValueError(f"{path}/{CONFIG_NAME} has no aerie_head_config: not a head file this package wrote")
+    config = HeadConfig.model_validate(data["aerie_head_config"])
+    if data.get("speculators_model_type") != config.method:
+        raise ValueError(
+            f"{path}/{CONFIG_NAME}: speculators_model_type {data.get('speculators_model_type')!r} "
+            f"disagrees with aerie_head_config.method {config.method!r}"
+        )
+    return config
+
+
+def check_target(config: HeadConfig, target, where: str = "head") -> None:
+    """Raise HeadMismatchError naming every field where the head and the target disagree."""
+    problems = []
+    checks = [
+        ("hidden_size", config.target_hidden_size, target.hidden_size),
+        ("vocab_size", config.vocab_size, target.vocab_size),
+        ("num_hidden_layers", config.target_num_layers, target.num_layers),
+    ]
+    if config.method != "eagle":
+        checks.append(("tap_layers", tuple(config.tap_layers), tuple(target.tap_layers)))
+    embed = tuple(target.embed_tokens.weight.shape)
+    checks.append(("embedding shape", (config.vocab_size, config.hidden_size), embed))
+    for name, mine, theirs in checks:
+        if mine != theirs:
+            problems.append(f"{name}: the head was trained for {mine}, the target has {theirs}")
+    if problems:
+        verifier = config.target_name_or_path or "another target"
+        raise HeadMismatchError(
+            f"{where} does not fit this target (it was trained for {verifier}): " + "; ".join(problems)
+        )
+
+
+def _rename(name: str) -> str:
+    return "layers.0." + name[len("midlayer.") :] if name.startswith("midlayer.") else name
+
+
+def load_head(
+    path: str | Path,
+    target,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> DraftHead:
+    """Load a head directory (local or `s3://`) for `target`; refuses a head built for another
+    target (HeadMismatchError naming the field). Embeddings (and EAGLE's lm_head) not in the file
+    come from the target. Returns the head in eval mode on the target's device and dtype unless
+    `device` / `dtype` say otherwise."""
+    local = str(path)
+    if local.startswith("s3://"):
+        from aerie import storage
+
+        local = str(storage.download(local))
+    config = read_head_config(local)
+    check_target(config, target, where=f"head {path}")
+    head = build_head(config)
+    head.load_target_weights(target)
+    state = {_rename(k): v for k, v in load_file(str(Path(local) / WEIGHTS_NAME)).items()}
+    expected = dict(head.state_dict())
+    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(set(head.trainable_state_dict()) - set(state))
+    if unexpected or missing:
+        raise ValueError(
+            f"head {path}: weights do not match a {config.method} head "
+            f"(unexpected {unexpected}, missing {missing})"
+        )
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise HeadMismatchError(
+                f"head {path}: {name} is {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
+            )
+    head.load_state_dict(state, strict=False)
+    device = device if device is not None else target.device
+    head = head.to(device=device)
+    if dtype is not None or target.dtype != torch.float32:
+        head = head.to(dtype=dtype or target.dtype)
+    return head.eval()

@@ -1,0 +1,106 @@
+"""Objectives, metrics, the trainer and the draft vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aerie.heads.fit import Example, TrainConfig, evaluate, train_head
+from aerie.heads.losses import Agreement, peagle_sample
+from aerie.heads.vocab import build_draft_vocab, target_to_draft_index, token_counts
+from tests.heads.conftest import VOCAB
+
+
+def greedy_examples(target, count=6, prompt_len=6, reply_len=26, seed=0):
+    """Replies the target writes itself (greedy), so the data agree with its top-1."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, VOCAB - 1, (count, prompt_len), generator=g)
+    ids = prompts
+    with torch.no_grad():
+        for _ in range(reply_len):
+            logits = target.forward(ids).logits[:, -1]
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    return [Example(row.tolist(), [False] * prompt_len + [True] * reply_len) for row in ids]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "peagle", "eagle"])
+def test_loss_decreases_on_tiny_overfit(sharp_target, method):
+    target = sharp_target
+    data = greedy_examples(target, count=4)
+    config = TrainConfig(
+        epochs=40, batch_size=4, lr=3e-3, ttt_steps=2, peagle_depths=3, warmup_ratio=0.1, eval_depth=3
+    )
+    head, result = train_head(target, method, data, data, config, draft_vocab_size=128, progress=False)
+    first = sum(h["loss"] for h in result.history[:3]) / 3
+    last = sum(h["loss"] for h in result.history[-3:]) / 3
+    assert last < 0.5 * first, (first, last)
+    assert result.eval["acc_1"] > 0.5, result.eval
+    assert result.steps == 40
+
+
+def test_fit_is_deterministic(target):
+    data = greedy_examples(target, count=4, seed=1)
+    config = TrainConfig(epochs=2, batch_size=2, seed=7, peagle_depths=3)
+    a, ra = train_head(target, "peagle", data, None, config, draft_vocab_size=100, progress=False)
+    b, rb = train_head(target, "peagle", data, None, config, draft_vocab_size=100, progress=False)
+    assert [h["loss"] for h in ra.history] == [h["loss"] for h in rb.history]
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(pa, pb), name
+
+
+def test_evaluate_reports_depths(target):
+    data = greedy_examples(target, count=3, seed=2)
+    head, _ = train_head(
+        target, "eagle3", data, None, TrainConfig(epochs=1, batch_size=3), draft_vocab_size=64, progress=False
+    )
+    ev = evaluate(head, target, data, depth=5)
+    assert [f"acc_{d}" in ev and f"chain_{d}" in ev for d in range(1, 6)] == [True] * 5
+    assert all(ev[f"chain_{d}"] <= ev[f"acc_{d}"] + 1e-9 for d in range(1, 6))
+    assert all(ev[f"chain_{d + 1}"] <= ev[f"chain_{d}"] + 1e-9 for d in range(1, 5))
+    assert ev["tau"] == pytest.approx(1 + sum(ev[f"chain_{d}"] for d in range(1, 6)))
+
+
+def test_agreement_chain_counts():
+    correct = torch.tensor([[[True, True, False], [True, False, True], [False, True, True]]])
+    fed_ok = torch.tensor([[[True, True, True], [True, True, True], [True, False, True]]])
+    counted = torch.ones_like(correct)
+    a = Agreement.from_grid(correct, fed_ok, counted)
+    assert a.acc == pytest.approx([2 / 3, 2 / 3, 2 / 3])
+    assert a.chain_rate == pytest.approx([2 / 3, 1 / 3, 0.0])
+    assert a.tau == pytest.approx(2.0)
+    merged = a.merge(a)
+    assert merged.chain_rate == pytest.approx(a.chain_rate) and merged.count == [6.0, 6.0, 6.0]
+
+
+def test_peagle_depth_sampling_sizes():
+    n = 40
+    valid = torch.ones(1, n, dtype=torch.bool)
+    loss_mask = torch.zeros(1, n, dtype=torch.bool)
+    loss_mask[0, 10:] = True
+    g = torch.Generator().manual_seed(0)
+    ((anchors, depths),) = peagle_sample(valid, loss_mask, depths=8, ratio=0.7, ratio_min=0.2, generator=g)
+    assert int((depths == 0).sum()) == n
+    n_loss = 30
+    prev = set(anchors[depths == 0].tolist())
+    for d in range(1, 8):
+        chosen = anchors[depths == d]
+        assert chosen.numel() <= int((n_loss - d) * max(0.7**d, 0.2))
+        # survivors of the previous depth whose depth-d element is a reply row
+        assert set(chosen.tolist()) <= prev
+        assert bool(loss_mask[0, chosen + d].all())
+        prev = set(chosen.tolist())
+
+
+def test_draft_vocab():
+    seqs = [[5, 5, 5, 7, 7, 9, 1], [7, 9, 3, 3, 3, 3]]
+    masks = [[True] * 7, [False, False, True, True, True, True]]
+    counts = token_counts(seqs, masks, 12)
+    assert counts[3] == 4 and counts[5] == 3 and counts[7] == 2 and counts[9] == 1
+    d2t, t2d = build_draft_vocab(counts, 4, always_include=[11])
+    draft_ids = torch.arange(4) + d2t
+    assert draft_ids.tolist() == [3, 5, 7, 11]  # ascending target ids; 11 forced in; 9 and 1 dropped
+    assert t2d.nonzero().flatten().tolist() == [3, 5, 7, 11]
+    index = target_to_draft_index(t2d)
+    assert index[[3, 5, 7, 11, 9]].tolist() == [0, 1, 2, 3, -1]
+    d2t_full, t2d_full = build_draft_vocab(counts, 100)
+    assert d2t_full.numel() == 12 and bool((d2t_full == 0).all()) and bool(t2d_full.all())
