@@ -18,7 +18,8 @@ import torch
 
 from aerie.engine.cache import SlotKVCache
 from aerie.engine.detokenizer import TextStream
-from aerie.engine.masks import build_attention_mask, causal_block, to_additive
+from aerie.engine.layout import BlockLayout, pad_rows
+from aerie.engine.masks import to_additive
 from aerie.engine.proposers import Draft, NoProposer
 from aerie.engine.request import Request, RequestOutput, SamplingParams, SpecCounters, Status
 from aerie.engine.sampling import adjusted_probs, draw_uniforms
@@ -133,9 +134,14 @@ class Engine:
         done = [r.prefilled + len(b) == len(r.prompt_ids) for r, b in zip(rows, blocks, strict=True)]
         for i, (block, is_done) in enumerate(zip(blocks, done, strict=True)):
             last[i, len(block) - 1] = is_done
-        out = self._forward(rows, blocks, starts, logits_at=last.to(self.target.device))
-        for request, block in zip(rows, blocks, strict=True):
+        for request in rows:
+            if request.prefilled == 0:
+                self.proposer.reset(request.slot)
+        out = self._forward(rows, blocks, starts, logits_at=last.to(self.target.device), features=self.proposer.features)
+        for row, (request, block) in enumerate(zip(rows, blocks, strict=True)):
             request.prefilled += len(block)
+            if out.features is not None:
+                self.proposer.observe(request.slot, out.features[row, : len(block)])
         finishing = [r for r, is_done in zip(rows, done, strict=True) if is_done]
         if not finishing:
             return []
@@ -147,17 +153,22 @@ class Engine:
         return outputs
 
     def _decode(self, rows: list[Request]) -> list[RequestOutput]:
-        draft: Draft = self.proposer.propose([r.slot for r in rows], self.target.device)
+        draft: Draft = self.proposer.propose(rows)
+        draft.tokens = draft.tokens.to(self.target.device)
         blocks = [[r.all_ids[-1], *tokens] for r, tokens in zip(rows, draft.tokens.tolist(), strict=True)]
         starts = [r.length - 1 for r in rows]
-        out = self._forward(rows, blocks, starts, logits_at=None)
+        out = self._forward(rows, blocks, starts, logits_at=None, features=self.proposer.features)
         logits = out.logits.view(len(rows), draft.k + 1, -1)
         accepted, bonus = self._verify(rows, logits, draft)
         outputs = []
-        for request, tokens, n, token in zip(rows, blocks, accepted.tolist(), bonus.tolist(), strict=True):
+        for row, (request, tokens, n, token) in enumerate(
+            zip(rows, blocks, accepted.tolist(), bonus.tolist(), strict=True)
+        ):
             if draft.k:
                 request.spec.record(draft.k, n)
                 self.spec.record(draft.k, n)
+            if out.features is not None:
+                self.proposer.observe(request.slot, out.features[row, : n + 1])
             outputs.append(self._append(request, tokens[1 : n + 1] + [token]))
         return outputs
 
@@ -184,26 +195,24 @@ class Engine:
     ) -> TargetOutput:
         """One target forward: row b appends `blocks[b]` after its `starts[b]` cached tokens."""
         device = self.target.device
-        batch, width = len(rows), max(map(len, blocks))
-        lengths = torch.tensor([len(b) for b in blocks], device=device)
-        input_ids = torch.tensor([b + [0] * (width - len(b)) for b in blocks], device=device)
-        prefix = torch.tensor(starts, device=device)
-        offsets = torch.arange(width, device=device)
-        valid = offsets[None, :] < lengths[:, None]
-        positions = prefix[:, None] + offsets
-        write_pos = torch.where(valid, positions, self.cache.scratch)
-        kv_len = int((prefix + lengths).max())
-        block = causal_block(batch, width, valid)
-        self.cache.bind([r.slot for r in rows], write_pos, kv_len)
-        mask = self._attention_mask(prefix, block, kv_len, positions)
-        return self.target.forward(input_ids, positions, mask, self.cache, logits_at=logits_at, features=features)
+        layout = BlockLayout.build(starts, [len(b) for b in blocks], self.cache.scratch, device)
+        input_ids = pad_rows(blocks, layout.valid.shape[1], device)
+        self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len)
+        return self.target.forward(
+            input_ids,
+            layout.positions,
+            self._attention_mask(layout),
+            self.cache,
+            logits_at=logits_at,
+            features=features,
+        )
 
-    def _attention_mask(self, prefix, block, kv_len, positions) -> torch.Tensor | dict[str, torch.Tensor]:
+    def _attention_mask(self, layout: BlockLayout) -> torch.Tensor | dict[str, torch.Tensor]:
         """The mask the target's attention expects: boolean for SDPA, additive for eager; one per
         layer type when the architecture mixes full and sliding-window layers."""
 
         def prepared(window: int | None) -> torch.Tensor:
-            mask = build_attention_mask(prefix, block, kv_len, positions, window)
+            mask = layout.mask(window)
             return to_additive(mask, self.target.dtype) if self.target.uses_eager_mask else mask
 
         layer_types = self.target.layer_types or []
