@@ -148,8 +148,28 @@ def compute_loss(
     raise ValueError(f"unknown head method {head.method!r}")
 
 
+class Objective(torch.nn.Module):
+    """A head's whole training objective as ONE module call, so a data-parallel wrapper
+    (DistributedDataParallel under Ray Train) sees one forward per step even though the
+    training-time test runs the head several times."""
+
+    def __init__(self, head: DraftHead, config: TrainConfig) -> None:
+        super().__init__()
+        self.head = head
+        self.config = config
+
+    def forward(self, hb, generator: torch.Generator | None = None) -> LossOutput:
+        return compute_loss(self.head, hb, self.config, generator)
+
+
+def unwrap_head(model: torch.nn.Module) -> DraftHead:
+    """The DraftHead inside a head, an Objective, or a DDP-wrapped Objective."""
+    inner = getattr(model, "module", model)
+    return inner.head if isinstance(inner, Objective) else inner
+
+
 def train_step(
-    head: DraftHead,
+    model: torch.nn.Module,
     target,
     batch: Sequence[Example],
     optimizer: torch.optim.Optimizer,
@@ -157,13 +177,16 @@ def train_step(
     config: TrainConfig | None = None,
     generator: torch.Generator | None = None,
 ) -> dict[str, float]:
-    """One optimiser step on one batch. Returns plain-float metrics (loss, per-depth loss/acc,
+    """One optimiser step on one batch. `model` is a DraftHead, or an `Objective` (possibly
+    wrapped by DistributedDataParallel). Returns plain-float metrics (loss, per-depth loss/acc,
     grad_norm, lr, tokens)."""
     config = config or TrainConfig()
-    head.train()
+    head = unwrap_head(model)
+    objective = Objective(head, config) if model is head else model
+    objective.train()
     ids, attn, loss_mask = collate(batch, config.max_length)
     hb = prepare_batch(target, head, ids, attn, loss_mask)
-    out = compute_loss(head, hb, config, generator)
+    out = objective(hb, generator)
     optimizer.zero_grad(set_to_none=True)
     out.loss.backward()
     params = [p for p in head.parameters() if p.requires_grad]
@@ -205,6 +228,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Agreement over a data set: `acc_d`, `chain_d` (per-position acceptance of greedy chain
     verification) for d = 1..depth, and `tau` (mean acceptance length at K = depth, bonus counted)."""
+    head = unwrap_head(head)
     was_training = head.training
     head.eval()
     total = Agreement()

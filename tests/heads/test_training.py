@@ -104,3 +104,24 @@ def test_draft_vocab():
     assert index[[3, 5, 7, 11, 9]].tolist() == [0, 1, 2, 3, -1]
     d2t_full, t2d_full = build_draft_vocab(counts, 100)
     assert d2t_full.numel() == 12 and bool((d2t_full == 0).all()) and bool(t2d_full.all())
+
+
+def test_train_step_through_objective_wrapper(sharp_target):
+    """The Objective wrapper (what DDP wraps under Ray Train) trains exactly like the bare head."""
+    from aerie.heads.fit import Objective, make_optimizer, train_step
+
+    data = greedy_examples(sharp_target, count=2, seed=3)
+    config = TrainConfig(batch_size=2, ttt_steps=2)
+    a, _ = train_head(
+        sharp_target, "eagle3", data, None, TrainConfig(epochs=0), draft_vocab_size=64, progress=False
+    )
+    b, _ = train_head(
+        sharp_target, "eagle3", data, None, TrainConfig(epochs=0), draft_vocab_size=64, progress=False
+    )
+    opt_a, _ = make_optimizer(a, config, 4)
+    opt_b, _ = make_optimizer(b, config, 4)
+    ma = train_step(a, sharp_target, data, opt_a, None, config)
+    mb = train_step(Objective(b, config), sharp_target, data, opt_b, None, config)
+    assert ma["loss"] == mb["loss"]
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb)
