@@ -24,7 +24,7 @@ from aerie.engine.proposers import Draft, NoProposer
 from aerie.engine.request import Request, RequestOutput, SamplingParams, SpecCounters, Status
 from aerie.engine.sampling import adjusted_probs, draw_uniforms
 from aerie.engine.scheduler import Scheduler
-from aerie.engine.verify import verify_greedy, verify_sampled
+from aerie.engine.verify import tree_ancestors, verify_greedy, verify_sampled, verify_tree
 from aerie.target.model import FeatureKind, Target, TargetOutput
 
 
@@ -153,23 +153,48 @@ class Engine:
         return outputs
 
     def _decode(self, rows: list[Request]) -> list[RequestOutput]:
+        """Draft, verify all rows in one target forward, keep each row's accepted path + one token."""
+        device = self.target.device
         draft: Draft = self.proposer.propose(rows)
-        draft.tokens = draft.tokens.to(self.target.device)
+        draft.tokens = draft.tokens.to(device)
         blocks = [[r.all_ids[-1], *tokens] for r, tokens in zip(rows, draft.tokens.tolist(), strict=True)]
         starts = [r.length - 1 for r in rows]
-        out = self._forward(rows, blocks, starts, logits_at=None, features=self.proposer.features)
-        logits = out.logits.view(len(rows), draft.k + 1, -1)
-        accepted, bonus = self._verify(rows, logits, draft)
+        features = self.proposer.features
+        if draft.parents is None:
+            out = self._forward(rows, blocks, starts, logits_at=None, features=features)
+            accepted, bonus = self._verify(rows, out.logits.view(len(rows), draft.k + 1, -1), draft)
+            verdicts = [(list(range(n)), token) for n, token in zip(accepted.tolist(), bonus.tolist(), strict=True)]
+            depth = draft.k
+        else:
+            parents = draft.parents.to(device)
+            depths = torch.cat([torch.zeros_like(draft.depths[:, :1]), draft.depths], dim=1).to(device)
+            out = self._forward(
+                rows, blocks, starts, None, features, depths=depths, block=tree_ancestors(parents)
+            )
+            verdicts = verify_tree(
+                out.logits.view(len(rows), draft.k + 1, -1),
+                draft.tokens,
+                parents,
+                [r.params.temperature for r in rows],
+                [r.params.top_p for r in rows],
+                [r.generator for r in rows],
+            )
+            depth = int(draft.depths.max())
         outputs = []
-        for row, (request, tokens, n, token) in enumerate(
-            zip(rows, blocks, accepted.tolist(), bonus.tolist(), strict=True)
-        ):
-            if draft.k:
-                request.spec.record(draft.k, n)
-                self.spec.record(draft.k, n)
+        for row, (request, block, start, (path, token)) in enumerate(zip(rows, blocks, starts, verdicts, strict=True)):
+            kept_columns = [0] + [node + 1 for node in path]
+            if kept_columns != list(range(len(kept_columns))):
+                self.cache.copy_columns(
+                    request.slot,
+                    src=torch.tensor(kept_columns, device=device) + start,
+                    dst=torch.arange(len(kept_columns), device=device) + start,
+                )
+            if depth:
+                request.spec.record(depth, len(path))
+                self.spec.record(depth, len(path))
             if out.features is not None:
-                self.proposer.observe(request.slot, out.features[row, : n + 1])
-            outputs.append(self._append(request, tokens[1 : n + 1] + [token]))
+                self.proposer.observe(request.slot, out.features[row, kept_columns])
+            outputs.append(self._append(request, [block[c] for c in kept_columns[1:]] + [token]))
         return outputs
 
     def _empty_draft(self, batch: int) -> Draft:
@@ -192,10 +217,15 @@ class Engine:
         starts: list[int],
         logits_at: torch.Tensor | None,
         features: FeatureKind | None = None,
+        depths: torch.Tensor | None = None,
+        block: torch.Tensor | None = None,
     ) -> TargetOutput:
-        """One target forward: row b appends `blocks[b]` after its `starts[b]` cached tokens."""
+        """One target forward: row b appends `blocks[b]` after its `starts[b]` cached tokens
+        (a chain, or a tree with node `depths` and ancestor `block` mask)."""
         device = self.target.device
-        layout = BlockLayout.build(starts, [len(b) for b in blocks], self.cache.scratch, device)
+        layout = BlockLayout.build(
+            starts, [len(b) for b in blocks], self.cache.scratch, device, depths=depths, block=block
+        )
         input_ids = pad_rows(blocks, layout.valid.shape[1], device)
         self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len)
         return self.target.forward(

@@ -1,9 +1,10 @@
 """4-D attention masks for a batch of slots that each append a block of new tokens.
 
-Row b has `prefix_len[b]` committed tokens in the cache (columns 0..prefix_len-1) and appends a
-block of q new tokens at columns prefix_len..prefix_len+q-1. Inside the block, `block_mask[b, i, m]`
-says whether query i sees new token m: lower-triangular for prompts and draft chains, the
-ancestor relation for draft trees. Every query sees the whole committed prefix.
+Row b has `prefix_len[b]` committed tokens in the cache (columns 0..prefix_len-1) and a block of w
+columns after them, of which the q queries are the newest. Inside the block, `block_mask[b, i, m]`
+says whether query i sees block column m: lower-triangular for prompts and draft chains, the
+ancestor relation for draft trees (w > q when a head expands a tree one depth at a time on top of
+the columns it wrote for earlier depths). Every query sees the whole committed prefix.
 """
 
 from __future__ import annotations
@@ -28,17 +29,19 @@ def build_attention_mask(
     """Boolean [B, 1, q, kv_len] mask (True = attend).
 
     `query_pos` [B, q] are the RoPE positions of the new tokens (equal to their columns for chains,
-    prefix_len + depth for tree nodes); they are also the key positions of the block columns, which
-    the sliding window needs.
+    prefix_len + depth for tree nodes); with a square block they are also the key positions of the
+    block columns, which the sliding window needs.
     """
-    batch, q, _ = block_mask.shape
+    batch, q, width = block_mask.shape
     device = block_mask.device
-    columns = torch.arange(kv_len + q, device=device)
-    mask = (columns[None, None, :] < prefix_len[:, None, None]).expand(batch, q, kv_len + q).clone()
-    block_columns = prefix_len[:, None] + torch.arange(q, device=device)
-    mask.scatter_(2, block_columns[:, None, :].expand(batch, q, q), block_mask)
+    columns = torch.arange(kv_len + width, device=device)
+    mask = (columns[None, None, :] < prefix_len[:, None, None]).expand(batch, q, kv_len + width).clone()
+    block_columns = prefix_len[:, None] + torch.arange(width, device=device)
+    mask.scatter_(2, block_columns[:, None, :].expand(batch, q, width), block_mask)
     if sliding_window is not None:
-        key_pos = columns.expand(batch, kv_len + q).clone()
+        if width != q:
+            raise ValueError("a sliding window needs the block's columns to be its queries")
+        key_pos = columns.expand(batch, kv_len + width).clone()
         key_pos.scatter_(1, block_columns, query_pos)
         mask &= (query_pos[:, :, None] - key_pos[:, None, :]) < sliding_window
     mask = mask[:, :, :kv_len]

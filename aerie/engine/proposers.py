@@ -3,6 +3,7 @@
 - `NoProposer`: plain decoding, zero draft tokens (the baseline).
 - `Eagle3Proposer`: an EAGLE-3 chain, K batched head steps.
 - `PEagleProposer`: P-EAGLE, all K tokens from one head forward.
+- `EagleTreeProposer` (`eagle_tree.py`): EAGLE with an EAGLE-2 dynamic draft tree.
 
 A head keeps its own slot KV cache. Its input at position p pairs token t_p with the target's
 feature from position p-1, so after every target forward the engine hands the proposer the new
@@ -28,11 +29,18 @@ from aerie.target.model import FeatureKind
 
 @dataclass
 class Draft:
-    """Draft tokens for a batch of decoding slots: a chain of `k` target-vocabulary ids per row,
-    and, for sampled rows, the distributions they were drawn from (None: every draft is greedy)."""
+    """Draft tokens for a batch of decoding slots, `k` target-vocabulary ids per row.
+
+    A chain unless `parents` is given. For chains, `probs` holds the distributions sampled rows drew
+    from (None: every draft is greedy). For trees, `parents[b, i]` is the index of node i's parent
+    (-1: the last committed token), `depths[b, i]` its depth (1 for the root's children), nodes
+    sorted so that parents come first; tree drafts are deterministic candidates.
+    """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    parents: torch.Tensor | None = None
+    depths: torch.Tensor | None = None
 
     @property
     def k(self) -> int:
@@ -62,7 +70,7 @@ class HeadProposer:
 
     name = ""
 
-    def __init__(self, head: DraftHead, k: int, slots: int, capacity: int) -> None:
+    def __init__(self, head: DraftHead, k: int, slots: int, capacity: int, draft_columns: int | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1 for method {self.name}, got {k}")
         self.head = head.eval()
@@ -70,7 +78,13 @@ class HeadProposer:
         self.features: FeatureKind = head.feature_kind
         self.max_draft_tokens = k
         self.cache = SlotKVCache(
-            head.num_layers, slots, head.kv_heads, head.head_dim, capacity + k, head.dtype, head.device
+            head.num_layers,
+            slots,
+            head.kv_heads,
+            head.head_dim,
+            capacity + (draft_columns or k),
+            head.dtype,
+            head.device,
         )
         self._next_position = [1] * slots
         self._pending: list[list[torch.Tensor]] = [[] for _ in range(slots)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from aerie.engine.sampling import sample_from
+from aerie.engine.sampling import adjusted_probs, sample_from
 
 
 def accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
@@ -56,3 +56,75 @@ def verify_sampled(
         has_mass = residual.sum(-1, keepdim=True) > 0
         final = torch.where(rejected[:, None] & has_mass, residual, final)
     return accepted, sample_from(final, uniforms[:, k])
+
+
+def tree_ancestors(parents: torch.Tensor) -> torch.Tensor:
+    """[B, n+1, n+1] ancestor-or-self relation of a tree block: column 0 is the last committed
+    token (everyone's ancestor), column i+1 is node i with parent `parents[:, i]` (-1: column 0)."""
+    batch, n = parents.shape
+    ancestors = torch.eye(n + 1, dtype=torch.bool, device=parents.device).repeat(batch, 1, 1)
+    rows = torch.arange(batch, device=parents.device)
+    for node in range(n):
+        ancestors[:, node + 1] |= ancestors[rows, parents[:, node] + 1]
+    return ancestors
+
+
+def verify_tree(
+    target_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    temperature: list[float],
+    top_p: list[float],
+    generators: list[torch.Generator],
+) -> list[tuple[list[int], int]]:
+    """Walk each row's draft tree from the root; returns (accepted node indices, next token) per row.
+
+    `target_logits` [B, n+1, V] (column 0: the last committed token; column i+1: node i).
+    """
+    results = []
+    for row, (row_tokens, row_parents) in enumerate(zip(tokens.tolist(), parents.tolist(), strict=True)):
+        children: list[list[int]] = [[] for _ in range(len(row_tokens) + 1)]
+        for node, parent in enumerate(row_parents):
+            children[parent + 1].append(node)
+        if temperature[row] == 0:
+            results.append(_walk_greedy(target_logits[row].argmax(-1).tolist(), row_tokens, children))
+        else:
+            probs = adjusted_probs(
+                target_logits[row], torch.tensor(temperature[row]), torch.tensor(top_p[row])
+            ).double()
+            results.append(_walk_sampled(probs, row_tokens, children, generators[row]))
+    return results
+
+
+def _walk_greedy(choice: list[int], tokens: list[int], children: list[list[int]]) -> tuple[list[int], int]:
+    """Follow the target's argmax while some child carries it."""
+    path, column = [], 0
+    while match := [c for c in children[column] if tokens[c] == choice[column]]:
+        path.append(match[0])
+        column = match[0] + 1
+    return path, choice[column]
+
+
+def _walk_sampled(
+    probs: torch.Tensor, tokens: list[int], children: list[list[int]], generator: torch.Generator
+) -> tuple[list[int], int]:
+    """Try the children of the current node in turn, each a deterministic candidate x accepted with
+    probability p(x); a rejected candidate's mass is removed from p and p renormalised. When no
+    child is accepted, the next token is drawn from what is left of p: the output stays distributed
+    exactly as the target's."""
+    path, column = [], 0
+    while True:
+        p = probs[column].clone()
+        accepted = None
+        for child in children[column]:
+            x = tokens[child]
+            if float(torch.rand(1, generator=generator, dtype=torch.float64)) < float(p[x]):
+                accepted = child
+                break
+            p[x] = 0.0
+            p /= p.sum()
+        if accepted is None:
+            uniform = torch.rand(1, generator=generator, dtype=torch.float64)
+            return path, int(sample_from(p[None], uniform))
+        path.append(accepted)
+        column = accepted + 1
