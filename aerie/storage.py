@@ -1,0 +1,323 @@
+"""One way to address local paths and ``s3://`` URIs (through ``pyarrow.fs``).
+
+Every path Aerie reads or writes goes through :func:`resolve`, which turns a URI into a
+``(pyarrow FileSystem, path)`` pair. S3 is configured from the standard AWS environment
+variables, ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` included, so an S3-compatible
+server (moto, MinIO) works exactly like AWS. Pass the file system to Ray Data
+(``filesystem=``) so Ray workers use the same configuration as the driver.
+
+Writes are atomic: a local file is written to a temporary name next to it and renamed;
+an S3 object is uploaded in one put/multipart upload, which S3 makes visible atomically.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+__all__ = [
+    "is_s3",
+    "join",
+    "resolve",
+    "s3_filesystem",
+    "exists",
+    "is_dir",
+    "list_files",
+    "open_read",
+    "read_bytes",
+    "read_text",
+    "atomic_write",
+    "write_bytes",
+    "write_text",
+    "write_json",
+    "delete",
+    "download",
+    "upload",
+    "cache_dir",
+]
+
+_S3_LOCK = threading.Lock()
+_S3_CACHE: dict[tuple, pafs.S3FileSystem] = {}
+
+
+def is_s3(uri: str | os.PathLike[str]) -> bool:
+    """True for ``s3://bucket/key`` URIs."""
+    return str(uri).startswith("s3://")
+
+
+def join(uri: str | os.PathLike[str], *parts: str) -> str:
+    """Join path parts onto a local path or an ``s3://`` URI (always with ``/`` for S3)."""
+    base = str(uri)
+    if is_s3(base):
+        out = base.rstrip("/")
+        for part in parts:
+            out = f"{out}/{part.strip('/')}"
+        return out
+    return str(Path(base, *parts))
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def s3_filesystem(bucket: str | None = None) -> pafs.S3FileSystem:
+    """An ``S3FileSystem`` configured from the AWS environment variables.
+
+    Endpoint: ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (``http://`` selects plain HTTP).
+    Region: ``AWS_REGION`` or ``AWS_DEFAULT_REGION``; otherwise the bucket's region is looked up.
+    Credentials: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` when set
+    (passed explicitly, so a pickled file system works on Ray workers started before they were
+    set); otherwise the AWS SDK's default chain (config files, instance profile).
+    """
+    endpoint = _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    region = _env("AWS_REGION", "AWS_DEFAULT_REGION")
+    access_key = _env("AWS_ACCESS_KEY_ID")
+    secret_key = _env("AWS_SECRET_ACCESS_KEY")
+    token = _env("AWS_SESSION_TOKEN")
+    if region is None and endpoint is None and bucket:
+        try:
+            region = pafs.resolve_s3_region(bucket)
+        except OSError:
+            region = None
+    key = (endpoint, region, access_key, secret_key, token)
+    with _S3_LOCK:
+        fs = _S3_CACHE.get(key)
+        if fs is None:
+            kwargs: dict[str, Any] = {"region": region}
+            if endpoint:
+                parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+                kwargs["endpoint_override"] = parsed.netloc + parsed.path.rstrip("/")
+                kwargs["scheme"] = parsed.scheme or "https"
+            if access_key and secret_key:
+                kwargs.update(access_key=access_key, secret_key=secret_key, session_token=token)
+            fs = pafs.S3FileSystem(**kwargs)
+            _S3_CACHE[key] = fs
+        return fs
+
+
+def resolve(uri: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
+    """``(file system, path inside it)`` for a local path or an ``s3://`` URI.
+
+    Local paths come back absolute. S3 paths come back as ``bucket/key`` (no scheme), the form
+    ``pyarrow.fs`` and Ray Data's ``filesystem=`` argument expect.
+    """
+    text = str(uri)
+    if is_s3(text):
+        path = text[len("s3://") :].strip("/")
+        if not path:
+            raise ValueError(f"S3 URI without a bucket: {text!r}")
+        return s3_filesystem(path.split("/", 1)[0]), path
+    if "://" in text and not text.startswith("file://"):
+        raise ValueError(f"unsupported URI scheme (use a local path or s3://): {text!r}")
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    return pafs.LocalFileSystem(), str(Path(text).expanduser().resolve())
+
+
+def _to_uri(uri: str | os.PathLike[str], path: str) -> str:
+    return f"s3://{path}" if is_s3(uri) else path
+
+
+def exists(uri: str | os.PathLike[str]) -> bool:
+    """True if a file or directory (or, on S3, any object under the prefix) exists."""
+    fs, path = resolve(uri)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def is_dir(uri: str | os.PathLike[str]) -> bool:
+    fs, path = resolve(uri)
+    return fs.get_file_info(path).type == pafs.FileType.Directory
+
+
+def list_files(uri: str | os.PathLike[str], suffixes: tuple[str, ...] | None = None) -> list[str]:
+    """Every file under ``uri`` (recursively), sorted, as URIs of the same kind as ``uri``.
+
+    ``uri`` may also name a single file. ``suffixes`` keeps only names ending with one of them
+    (case-insensitive, e.g. ``(".jsonl", ".jsonl.gz")``). Hidden files and folders (``.``/``_``
+    prefixed, such as ``_SUCCESS`` or ``.tmp-*``) are skipped. A missing ``uri`` raises
+    ``FileNotFoundError``.
+    """
+    fs, path = resolve(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(str(uri))
+    if info.type == pafs.FileType.File:
+        infos = [info]
+        base = path.rsplit("/", 1)[0]
+    else:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        base = path
+    wanted = tuple(s.lower() for s in suffixes) if suffixes else None
+    out: list[str] = []
+    for item in infos:
+        if item.type != pafs.FileType.File:
+            continue
+        rel = item.path[len(base) :].lstrip("/")
+        if any(part.startswith((".", "_")) for part in rel.split("/")):
+            continue
+        if wanted and not item.path.lower().endswith(wanted):
+            continue
+        out.append(_to_uri(uri, item.path))
+    return sorted(out)
+
+
+@contextmanager
+def open_read(uri: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
+    """Open a file for binary reading; ``.gz`` files are decompressed transparently."""
+    fs, path = resolve(uri)
+    with fs.open_input_stream(path, compression=None) as raw:
+        if path.lower().endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
+                yield gz  # type: ignore[misc]
+        else:
+            yield raw  # type: ignore[misc]
+
+
+def read_bytes(uri: str | os.PathLike[str]) -> bytes:
+    with open_read(uri) as f:
+        return f.read()
+
+
+def read_text(uri: str | os.PathLike[str], encoding: str = "utf-8") -> str:
+    return read_bytes(uri).decode(encoding)
+
+
+@contextmanager
+def atomic_write(uri: str | os.PathLike[str], compress: bool = False) -> Iterator[IO[bytes]]:
+    """Open ``uri`` for binary writing; readers see the old file or the whole new one, never a part.
+
+    Local: a temporary file in the same folder, fsynced and renamed over the target.
+    S3: the bytes are spooled locally and uploaded in one go on success; nothing is written
+    if the block raises. ``compress=True`` gzips what is written (name the file ``*.gz``).
+    """
+    fs, path = resolve(uri)
+    if isinstance(fs, pafs.LocalFileSystem):
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(path)}-", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                if compress:
+                    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+                        yield gz  # type: ignore[misc]
+                else:
+                    yield raw
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return
+    with tempfile.SpooledTemporaryFile(max_size=64 * 1024 * 1024) as spool:
+        if compress:
+            with gzip.GzipFile(fileobj=spool, mode="wb", mtime=0) as gz:
+                yield gz  # type: ignore[misc]
+        else:
+            yield spool  # type: ignore[misc]
+        spool.seek(0)
+        with fs.open_output_stream(path, compression=None) as out:
+            shutil.copyfileobj(spool, out, length=8 * 1024 * 1024)
+
+
+def write_bytes(uri: str | os.PathLike[str], data: bytes) -> None:
+    with atomic_write(uri) as f:
+        f.write(data)
+
+
+def write_text(uri: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
+    write_bytes(uri, text.encode(encoding))
+
+
+def write_json(uri: str | os.PathLike[str], obj: Any, indent: int | None = 2) -> None:
+    write_text(uri, json.dumps(obj, indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+def delete(uri: str | os.PathLike[str]) -> None:
+    """Remove a file or a whole directory / prefix; a missing path is not an error."""
+    fs, path = resolve(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(path)
+
+
+def cache_dir() -> Path:
+    """Local cache for downloaded prefixes: ``$AERIE_CACHE`` or ``~/.cache/aerie``."""
+    return Path(os.environ.get("AERIE_CACHE", Path.home() / ".cache" / "aerie")).expanduser()
+
+
+def download(uri: str | os.PathLike[str], local_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Make ``uri`` available on the local disk and return the local path.
+
+    A local path is returned as is. An ``s3://`` file or prefix is copied to ``local_dir``
+    (default: ``cache_dir()/s3/<bucket>/<key>``); files already there with the same size are
+    not fetched again, each file is written atomically, so an interrupted download resumes.
+    """
+    if not is_s3(uri):
+        fs, path = resolve(uri)
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(str(uri))
+        return Path(path)
+    fs, path = resolve(uri)
+    dest = Path(local_dir) if local_dir is not None else cache_dir() / "s3" / path
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(str(uri))
+    if info.type == pafs.FileType.File:
+        items, base = [info], path.rsplit("/", 1)[0]
+        if local_dir is None:
+            dest = dest.parent
+    else:
+        items = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        base = path
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in items:
+        if item.type != pafs.FileType.File:
+            continue
+        rel = item.path[len(base) :].lstrip("/")
+        target = dest / rel
+        if target.is_file() and target.stat().st_size == item.size:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".tmp-{target.name}-{uuid.uuid4().hex[:8]}")
+        with fs.open_input_stream(item.path, compression=None) as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, length=8 * 1024 * 1024)  # type: ignore[arg-type]
+        os.replace(tmp, target)
+    return dest / path.rsplit("/", 1)[1] if info.type == pafs.FileType.File else dest
+
+
+def upload(local_dir: str | os.PathLike[str], uri: str | os.PathLike[str]) -> list[str]:
+    """Copy every file under ``local_dir`` to ``uri`` (local or S3), keeping the layout.
+
+    Bytes are copied as they are (no compression added or removed); each file is written
+    atomically. Returns the destination URIs.
+    """
+    src = Path(local_dir)
+    if not src.is_dir():
+        raise NotADirectoryError(str(src))
+    written = []
+    for file in sorted(p for p in src.rglob("*") if p.is_file()):
+        target = join(uri, *file.relative_to(src).parts)
+        with open(file, "rb") as f, atomic_write(target) as out:
+            shutil.copyfileobj(f, out, length=8 * 1024 * 1024)
+        written.append(target)
+    return written

@@ -1,0 +1,589 @@
+"""Captured traffic -> tokenized training data, with every record accounted for (Ray Data).
+
+    python -m pipelines.ingest --input s3://bucket/capture/ --target DIR --out s3://bucket/data/
+
+Stages (Ray Data; the parsed and the encoded data sets are materialised so each stage is counted):
+
+1. read: every ``*.jsonl`` / ``*.jsonl.gz`` under ``--input`` (local or ``s3://``, recursive), one
+   file per row; lines keep their raw bytes, source file and line number. A ``.gz`` file is
+   decompressed in the parse task, so a corrupt one becomes a quarantine row, not a crash.
+2. parse (parallel tasks): :func:`aerie.formats.parse_line`, the format auto-detected per line.
+   Failures become quarantine rows with the reason code.
+3. dedupe: exact duplicates of (kind, messages, reply) are dropped; the first by (source, line)
+   stays. The decision is taken on the driver from a three-column projection (content key,
+   source, line: ~60 bytes a record) and applied inside the encode tasks. (Ray's hash-shuffle
+   ``repartition(keys=...)`` works too, but starts aggregator actors: seconds per run on 2 cores.)
+4. encode (parallel tasks, one cached tokenizer per worker process): the target's chat template,
+   token ids, the loss mask (1 on the reply tokens and the end-of-turn token only), the length
+   filter (``--max-tokens``) and a deterministic train/eval split from a hash of the record id.
+   Template failures are quarantined.
+5. write: Parquet ``<out>/train/`` and ``<out>/eval/`` and JSONL ``<out>/quarantine/`` (replaced on
+   every run, never appended to), then ``<out>/manifest.json`` with the counts per stage.
+
+Accounting (checked before the manifest is written)::
+
+    parsed + quarantined + duplicates + too_long == read
+
+``read`` counts non-blank input lines (plus one per unreadable file); ``quarantined`` every record
+rejected by the parser or the chat template; ``duplicates`` the exact duplicates dropped;
+``too_long`` records over ``--max-tokens``; ``parsed`` the records that came through every stage,
+i.e. those written (``parsed == written.train + written.eval``). Input-only records (no captured
+reply) are written with ``has_reply = false`` and an all-zero loss mask, for regeneration later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import hashlib
+import json
+import os
+import sys
+import time
+import zlib
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import ray
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from aerie import storage
+from aerie.formats import ChatEncoder, RecordError, parse_line
+from aerie.formats.chat import STATUS_OK, STATUS_TOO_LONG
+
+INPUT_SUFFIXES = (".jsonl", ".jsonl.gz")
+BAD_GZIP = "bad_gzip"
+
+PARSED_SCHEMA = pa.schema(
+    [
+        ("ok", pa.bool_()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("raw", pa.binary()),
+        ("source", pa.string()),
+        ("line", pa.int64()),
+        ("id", pa.string()),
+        ("timestamp", pa.string()),
+        ("format", pa.string()),
+        ("kind", pa.string()),
+        ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("reply", pa.string()),
+        ("has_reply", pa.bool_()),
+        ("params", pa.string()),
+        ("content_key", pa.string()),
+    ]
+)
+RECORD_COLUMNS = ["id", "source", "line", "timestamp", "format", "kind", "messages", "reply", "has_reply",
+                  "params", "content_key"]
+TOKEN_FIELDS = [
+    ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.int8())),
+    ("num_tokens", pa.int32()),
+    ("num_loss_tokens", pa.int32()),
+    ("prompt_tokens", pa.int32()),
+    ("status", pa.string()),
+    ("detail", pa.string()),
+    ("split", pa.string()),
+]
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("stage", pa.string()),
+        ("source", pa.string()),
+        ("line", pa.int64()),
+        ("id", pa.string()),
+        ("raw", pa.string()),
+        ("raw_base64", pa.string()),
+    ]
+)
+
+
+class IngestConfig(BaseModel):
+    """Validated ingest settings; a bad value raises ``ValidationError`` naming the field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: str = Field(min_length=1, description="Captured traffic: a local folder/file or s3:// prefix.")
+    target: str = Field(min_length=1, description="Target model directory (its tokenizer and chat template).")
+    out: str = Field(min_length=1, description="Output folder or s3:// prefix.")
+    max_tokens: int = Field(2048, ge=8, le=1_048_576, description="Longest example kept, in tokens.")
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="Share of records (by id hash) for eval.")
+    max_line_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Longer raw lines are quarantined.")
+    batch_size: int = Field(1024, ge=1, le=65536, description="Rows per encode batch.")
+    progress: bool = Field(True, description="Show Ray Data progress bars.")
+
+    @field_validator("input", "out", "target")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        if "://" in v and not v.startswith(("s3://", "file://")):
+            raise ValueError("must be a local path or an s3:// URI")
+        if v.startswith("s3://") and len(v.rstrip("/")) <= len("s3://"):
+            raise ValueError("s3:// URI needs a bucket")
+        return v
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """``--max-tokens: Input should be greater than or equal to 8`` style lines."""
+    lines = []
+    for e in err.errors():
+        name = ".".join(str(p) for p in e["loc"]) or "config"
+        lines.append(f"--{name.replace('_', '-')}: {e['msg']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- stage UDFs
+
+
+def _split_of(rid: str, eval_fraction: float) -> str:
+    if eval_fraction <= 0:
+        return "train"
+    h = int.from_bytes(hashlib.blake2b(rid.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+    return "eval" if h / 2.0**64 < eval_fraction else "train"
+
+
+def parse_files(batch: pa.Table, *, s3: bool, max_line_bytes: int) -> pa.Table:
+    """``{bytes, path}`` rows (whole files) -> one parsed row per non-blank line."""
+    cols: dict[str, list[Any]] = {name: [] for name in PARSED_SCHEMA.names}
+
+    def bad(reason: str, detail: str, raw: bytes | None, source: str, line: int) -> None:
+        row = dict.fromkeys(PARSED_SCHEMA.names)
+        row.update(ok=False, reason=reason, detail=detail, raw=raw, source=source, line=line)
+        for name, value in row.items():
+            cols[name].append(value)
+
+    for data, path in zip(batch.column("bytes").to_pylist(), batch.column("path").to_pylist(), strict=True):
+        source = f"s3://{path}" if s3 else path
+        if path.lower().endswith(".gz"):
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError, zlib.error) as e:
+                bad(BAD_GZIP, str(e)[:200], None, source, 0)
+                continue
+        for lineno, raw in enumerate(data.split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            try:
+                rec = parse_line(raw, source, lineno, max_bytes=max_line_bytes)
+            except RecordError as e:
+                bad(e.reason, e.detail, raw, source, lineno)
+                continue
+            cols["ok"].append(True)
+            cols["reason"].append(None)
+            cols["detail"].append(None)
+            cols["raw"].append(None)
+            cols["source"].append(source)
+            cols["line"].append(lineno)
+            cols["id"].append(rec.id)
+            cols["timestamp"].append(rec.timestamp)
+            cols["format"].append(rec.format)
+            cols["kind"].append(rec.kind)
+            cols["messages"].append([{"role": m.role, "content": m.content} for m in rec.messages])
+            cols["reply"].append(rec.reply)
+            cols["has_reply"].append(rec.has_reply)
+            cols["params"].append(json.dumps(rec.params, sort_keys=True) if rec.params else None)
+            cols["content_key"].append(rec.content_key())
+    return pa.table(cols, schema=PARSED_SCHEMA)
+
+
+_ENCODERS: dict[str, ChatEncoder] = {}
+_DROPS: dict[str, dict[str, set[int]]] = {}
+
+
+def _cached_encoder(tokenizer_ref: Any, max_tokens: int) -> ChatEncoder:
+    """One ChatEncoder per worker process and tokenizer (Ray reuses warm workers between tasks)."""
+    key = f"{tokenizer_ref.hex() if hasattr(tokenizer_ref, 'hex') else id(tokenizer_ref)}:{max_tokens}"
+    enc = _ENCODERS.get(key)
+    if enc is None:
+        _ENCODERS.clear()  # one run at a time: keep only the latest tokenizer
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        tok = ray.get(tokenizer_ref) if isinstance(tokenizer_ref, ray.ObjectRef) else tokenizer_ref
+        enc = _ENCODERS[key] = ChatEncoder(tok, max_tokens=max_tokens)
+    return enc
+
+
+def _cached_drop(drop_ref: Any) -> dict[str, set[int]]:
+    if not isinstance(drop_ref, ray.ObjectRef):
+        return drop_ref or {}
+    key = drop_ref.hex()
+    if key not in _DROPS:
+        _DROPS.clear()
+        _DROPS[key] = ray.get(drop_ref)
+    return _DROPS[key]
+
+
+def encode_batch(
+    batch: pa.Table, *, tokenizer_ref: Any, max_tokens: int, eval_fraction: float, drop_ref: Any = None
+) -> pa.Table:
+    """Parsed rows -> encoded rows: failed parses and dropped duplicates are left out; the rest get
+    the chat template, token ids, loss mask, length status and split."""
+    keep = pc.fill_null(batch.column("ok"), False)
+    drop = _cached_drop(drop_ref)
+    if drop:
+        sources, lines = batch.column("source").to_pylist(), batch.column("line").to_pylist()
+        flags = [not (src in drop and line in drop[src]) for src, line in zip(sources, lines, strict=True)]
+        keep = pc.and_(keep, pa.array(flags))
+    batch = batch.filter(keep)
+    encoder = _cached_encoder(tokenizer_ref, max_tokens)
+    messages = batch.column("messages").to_pylist()
+    replies = batch.column("reply").to_pylist()
+    ids = batch.column("id").to_pylist()
+    encoded = encoder.encode_batch(list(zip(messages, replies, strict=True)))
+    input_ids, masks, n_tok, n_loss, n_prompt, status, detail, split = [], [], [], [], [], [], [], []
+    for rid, enc in zip(ids, encoded, strict=True):
+        ok = enc.status == STATUS_OK
+        input_ids.append(enc.input_ids if ok else [])
+        masks.append(enc.loss_mask if ok else [])
+        n_tok.append(len(enc.input_ids))
+        n_loss.append(sum(enc.loss_mask) if ok else 0)
+        n_prompt.append(enc.prompt_tokens)
+        status.append(enc.status)
+        detail.append(enc.detail or None)
+        split.append(_split_of(rid, eval_fraction))
+    out = batch.select(RECORD_COLUMNS)
+    values = [input_ids, masks, n_tok, n_loss, n_prompt, status, detail, split]
+    for (name, typ), vals in zip(TOKEN_FIELDS, values, strict=True):
+        out = out.append_column(pa.field(name, typ), pa.array(vals, type=typ))
+    return out
+
+
+def _where(column: str, value: Any, *, negate: bool = False):
+    def fn(batch: pa.Table) -> pa.Table:
+        mask = pc.equal(batch.column(column), pa.scalar(value))
+        mask = pc.fill_null(mask, False)
+        return batch.filter(pc.invert(mask) if negate else mask)
+
+    fn.__name__ = f"where_{column}_{'not_' if negate else ''}{value}"
+    return fn
+
+
+def _quarantine_from_parse(batch: pa.Table) -> pa.Table:
+    raws = batch.column("raw").to_pylist()
+    text, b64 = [], []
+    for raw in raws:
+        if raw is None:
+            text.append(None)
+            b64.append(None)
+            continue
+        try:
+            text.append(raw.decode("utf-8"))
+            b64.append(None)
+        except UnicodeDecodeError:
+            text.append(None)
+            b64.append(base64.b64encode(raw).decode("ascii"))
+    n = batch.num_rows
+    return pa.table(
+        {
+            "reason": batch.column("reason"),
+            "detail": batch.column("detail"),
+            "stage": pa.array(["parse"] * n, pa.string()),
+            "source": batch.column("source"),
+            "line": batch.column("line"),
+            "id": pa.nulls(n, pa.string()),
+            "raw": pa.array(text, pa.string()),
+            "raw_base64": pa.array(b64, pa.string()),
+        },
+        schema=QUARANTINE_SCHEMA,
+    )
+
+
+def _quarantine_from_encode(batch: pa.Table) -> pa.Table:
+    n = batch.num_rows
+    raw = [
+        json.dumps({"messages": m, "reply": r}, ensure_ascii=False)
+        for m, r in zip(batch.column("messages").to_pylist(), batch.column("reply").to_pylist(), strict=True)
+    ]
+    return pa.table(
+        {
+            "reason": batch.column("status"),
+            "detail": batch.column("detail"),
+            "stage": pa.array(["template"] * n, pa.string()),
+            "source": batch.column("source"),
+            "line": batch.column("line"),
+            "id": batch.column("id"),
+            "raw": pa.array(raw, pa.string()),
+            "raw_base64": pa.nulls(n, pa.string()),
+        },
+        schema=QUARANTINE_SCHEMA,
+    )
+
+
+def _where_status_in(values: set[str]):
+    def fn(batch: pa.Table) -> pa.Table:
+        mask = pc.fill_null(pc.is_in(batch.column("status"), value_set=pa.array(sorted(values))), False)
+        return batch.filter(mask)
+
+    return fn
+
+
+def _tally(ds: ray.data.Dataset, columns: list[str]) -> dict[tuple, int]:
+    """Counts of each combination of ``columns`` values, on the driver (small columns only)."""
+    out: dict[tuple, int] = {}
+    for batch in ds.select_columns(columns).iter_batches(batch_format="pyarrow", batch_size=None):
+        if batch.num_rows == 0:
+            continue
+        grouped = batch.group_by(columns).aggregate([([], "count_all")])
+        for row in grouped.to_pylist():
+            key = tuple(row[c] for c in columns)
+            out[key] = out.get(key, 0) + int(row["count_all"])
+    return out
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def list_inputs(uri: str) -> list[str]:
+    files = storage.list_files(uri, INPUT_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"no {' or '.join(INPUT_SUFFIXES)} files under {uri}")
+    return files
+
+
+def read_and_parse(files: list[str], max_line_bytes: int = 16 * 1024 * 1024) -> ray.data.Dataset:
+    """Files (URIs from :func:`list_inputs`) -> the parsed data set (ok and failed rows)."""
+    fs, _ = storage.resolve(files[0])
+    paths = [storage.resolve(f)[1] for f in files]
+    ds = ray.data.read_binary_files(
+        paths,
+        filesystem=fs,
+        include_paths=True,
+        arrow_open_stream_args={"compression": None},  # .gz is decoded per file, so a bad one is quarantined
+        override_num_blocks=min(len(paths), 4096),
+    )
+    return ds.map_batches(
+        parse_files,
+        batch_format="pyarrow",
+        batch_size=None,
+        fn_kwargs={"s3": storage.is_s3(files[0]), "max_line_bytes": max_line_bytes},
+    )
+
+
+def scan_parsed(ds: ray.data.Dataset) -> tuple[dict[str, int], dict[str, set[int]], int]:
+    """One pass over a thin projection of the parsed rows (on the driver, ~50 bytes a row).
+
+    Returns the quarantine counts by reason, the duplicates to drop (``{source: {line, ...}}``:
+    every row whose content key was seen before, in (source, line) order) and the number of
+    duplicates.
+    """
+    reasons: dict[str, int] = {}
+    parts = []
+    for batch in ds.select_columns(["ok", "reason", "content_key", "source", "line"]).iter_batches(
+        batch_format="pyarrow", batch_size=None
+    ):
+        for item in pc.value_counts(batch.column("reason")).to_pylist():
+            if item["values"] is not None:
+                reasons[item["values"]] = reasons.get(item["values"], 0) + int(item["counts"])
+        ok = batch.filter(pc.fill_null(batch.column("ok"), False))
+        parts.append(ok.select(["content_key", "source", "line"]))
+    drop: dict[str, set[int]] = {}
+    if not parts:
+        return reasons, drop, 0
+    thin = pa.concat_tables(parts)
+    counts = thin.group_by("content_key").aggregate([("line", "count")])
+    dup_keys = counts.filter(pc.greater(counts.column("line_count"), 1)).column("content_key")
+    if len(dup_keys) == 0:
+        return reasons, drop, 0
+    dups = thin.filter(pc.is_in(thin.column("content_key"), value_set=dup_keys))
+    dups = dups.sort_by([("content_key", "ascending"), ("source", "ascending"), ("line", "ascending")])
+    keys = dups.column("content_key").to_pylist()
+    sources = dups.column("source").to_pylist()
+    lines = dups.column("line").to_pylist()
+    n = 0
+    for i in range(1, len(keys)):
+        if keys[i] == keys[i - 1]:
+            drop.setdefault(sources[i], set()).add(lines[i])
+            n += 1
+    return reasons, drop, n
+
+
+def encode(
+    ds: ray.data.Dataset,
+    tokenizer: Any,
+    *,
+    max_tokens: int,
+    eval_fraction: float = 0.0,
+    batch_size: int | None = 1024,
+    drop: dict[str, set[int]] | None = None,
+) -> ray.data.Dataset:
+    """Parsed rows -> encoded rows, in parallel tasks (the tokenizer travels once, by reference).
+
+    ``batch_size=None`` encodes whole blocks; use it right after :func:`read_and_parse` so Ray fuses
+    read, parse and encode into one task per file instead of bundling files to fill a batch.
+    """
+    return ds.map_batches(
+        encode_batch,
+        fn_kwargs={
+            "tokenizer_ref": ray.put(tokenizer),
+            "max_tokens": max_tokens,
+            "eval_fraction": eval_fraction,
+            "drop_ref": ray.put(drop or {}),
+        },
+        batch_format="pyarrow",
+        batch_size=batch_size,
+    )
+
+
+def load_tokenizer(target: str) -> Any:
+    from transformers import AutoTokenizer
+
+    local = storage.download(target)
+    tok = AutoTokenizer.from_pretrained(str(local))
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"the tokenizer in {target} has no chat template")
+    return tok
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+def run_ingest(cfg: IngestConfig) -> dict[str, Any]:
+    """Run the whole ingest (Ray must be initialised, or a local instance is started)."""
+    t0 = time.monotonic()
+    if not ray.is_initialized():
+        ray.init()
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = cfg.progress
+    tokenizer = load_tokenizer(cfg.target)
+    files = list_inputs(cfg.input)
+
+    out_fs, _ = storage.resolve(cfg.out)
+    train_uri, eval_uri = storage.join(cfg.out, "train"), storage.join(cfg.out, "eval")
+    quarantine_uri = storage.join(cfg.out, "quarantine")
+    manifest_uri = storage.join(cfg.out, "manifest.json")
+
+    # 1-2. read + parse
+    timings: dict[str, float] = {}
+    t_stage = time.monotonic()
+    parsed = read_and_parse(files, cfg.max_line_bytes).materialize()
+    read = parsed.count()
+    parse_reasons, drop, duplicates = scan_parsed(parsed)
+    timings["read_parse"] = round(time.monotonic() - t_stage, 3)
+
+    # 3-4. dedupe + encode
+    t_stage = time.monotonic()
+    encoded = encode(
+        parsed,
+        tokenizer,
+        max_tokens=cfg.max_tokens,
+        eval_fraction=cfg.eval_fraction,
+        batch_size=cfg.batch_size,
+        drop=drop,
+    ).materialize()
+    tally = _tally(encoded, ["status", "split", "has_reply"])
+    status: dict[str, int] = {}
+    written = {"train": 0, "eval": 0}
+    input_only = 0
+    for (st, split, has_reply), n in tally.items():
+        status[st] = status.get(st, 0) + n
+        if st == STATUS_OK:
+            written[split] += n
+            input_only += 0 if has_reply else n
+    too_long = status.pop(STATUS_TOO_LONG, 0)
+    kept = status.pop(STATUS_OK, 0)
+    template_reasons = status  # whatever is left is a quarantine reason
+
+    # 5. write (replace, never append)
+    timings["dedupe_encode"] = round(time.monotonic() - t_stage, 3)
+    t_stage = time.monotonic()
+    for uri in (train_uri, eval_uri, quarantine_uri, manifest_uri):
+        storage.delete(uri)
+    quarantine = parsed.map_batches(_where("ok", True, negate=True), batch_format="pyarrow", batch_size=None)
+    quarantine = quarantine.map_batches(_quarantine_from_parse, batch_format="pyarrow", batch_size=None)
+    if template_reasons:
+        rejected = encoded.map_batches(_where_status_in(set(template_reasons)), batch_format="pyarrow",
+                                       batch_size=None)
+        quarantine = quarantine.union(
+            rejected.map_batches(_quarantine_from_encode, batch_format="pyarrow", batch_size=None)
+        )
+    quarantine.write_json(
+        storage.resolve(quarantine_uri)[1],
+        filesystem=out_fs,
+        filename_provider=ray.data.datasource.FilenameProvider(file_format="jsonl"),
+        mode="overwrite",
+        force_ascii=False,
+    )
+    kept_ds = encoded.map_batches(_where("status", STATUS_OK), batch_format="pyarrow", batch_size=None)
+    for split, uri in (("train", train_uri), ("eval", eval_uri)):
+        part = kept_ds.map_batches(_where("split", split), batch_format="pyarrow", batch_size=None)
+        part.drop_columns(["status", "detail", "split"]).write_parquet(
+            storage.resolve(uri)[1], filesystem=out_fs, mode="overwrite"
+        )
+    timings["write"] = round(time.monotonic() - t_stage, 3)
+
+    quarantined_by_reason = dict(parse_reasons)
+    for reason, n in template_reasons.items():
+        quarantined_by_reason[reason] = quarantined_by_reason.get(reason, 0) + n
+    quarantined = sum(quarantined_by_reason.values())
+    counts = {
+        "read": read,
+        "parsed": kept,
+        "quarantined": quarantined,
+        "quarantined_by_reason": dict(sorted(quarantined_by_reason.items())),
+        "duplicates": duplicates,
+        "too_long": too_long,
+        "written": {**written, "total": written["train"] + written["eval"]},
+        "input_only": input_only,
+    }
+    if kept + quarantined + duplicates + too_long != read or kept != counts["written"]["total"]:
+        raise RuntimeError(f"ingest accounting does not add up: {counts}")
+    manifest = {
+        "stage": "ingest",
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "config": cfg.model_dump(),
+        "input_files": len(files),
+        "counts": counts,
+        "invariant": "parsed + quarantined + duplicates + too_long == read",
+        "definitions": {
+            "read": "non-blank input lines, plus one per unreadable (corrupt .gz) file",
+            "quarantined": "records rejected by the parser or the chat template; one row each in quarantine/",
+            "duplicates": "exact duplicates of (kind, messages, reply) dropped; the first by (source, line) "
+            "stays",
+            "too_long": f"records whose tokens exceed max_tokens ({cfg.max_tokens})",
+            "parsed": "records that came through every stage: the written ones (train + eval)",
+            "input_only": "written records without a captured reply (has_reply = false, no loss tokens)",
+        },
+        "outputs": {"train": train_uri, "eval": eval_uri, "quarantine": quarantine_uri},
+        "tokenizer": {
+            "name_or_path": str(getattr(tokenizer, "name_or_path", "")),
+            "vocab_size": len(tokenizer),
+            "chat_template_sha256": hashlib.sha256(tokenizer.chat_template.encode()).hexdigest(),
+        },
+        "timings_s": timings,
+        "elapsed_s": round(time.monotonic() - t0, 3),
+    }
+    storage.write_json(manifest_uri, manifest)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.ingest", description=__doc__.split("\n\n")[0])
+    p.add_argument("--input", required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--eval-fraction", type=float, default=0.05)
+    p.add_argument("--max-line-bytes", type=int, default=16 * 1024 * 1024)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        cfg = IngestConfig(
+            input=args.input, target=args.target, out=args.out, max_tokens=args.max_tokens,
+            eval_fraction=args.eval_fraction, max_line_bytes=args.max_line_bytes,
+            batch_size=args.batch_size, progress=not args.no_progress,
+        )
+    except ValidationError as e:
+        print(format_validation_error(e), file=sys.stderr)
+        return 2
+    manifest = run_ingest(cfg)
+    print(json.dumps(manifest["counts"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
