@@ -1,4 +1,5 @@
-"""Tiny random-config targets for every supported architecture (no downloads, built in ms)."""
+"""Tiny random-config targets for every supported architecture (no downloads, built in ms), and
+draft heads trained on their own greedy replies in seconds."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from transformers import (
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
+
+from aerie.engine import Engine, EngineConfig, SamplingParams
+from aerie.heads.fit import Example, TrainConfig, train_head
+from aerie.target import Target
 
 VOCAB = 512
 _COMMON = dict(
@@ -78,3 +83,17 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
 def random_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def trained_heads(target: Target, methods: tuple[str, ...], epochs: int = 8) -> dict:
+    prompts = random_prompts([8] * 64, seed=5)
+    replies = Engine(target, EngineConfig(max_slots=16, max_len=64)).generate(prompts, SamplingParams(max_tokens=40))
+    examples = [
+        Example(p + r.token_ids, [False] * len(p) + [True] * len(r.token_ids))
+        for p, r in zip(prompts, replies, strict=True)
+    ]
+    config = TrainConfig(epochs=epochs, batch_size=8, lr=3e-3, eval_depth=3)
+    return {
+        method: train_head(target, method, examples, config=config, draft_vocab_size=256, progress=False)[0]
+        for method in methods
+    }

@@ -137,7 +137,9 @@ class Engine:
         for request in rows:
             if request.prefilled == 0:
                 self.proposer.reset(request.slot)
-        out = self._forward(rows, blocks, starts, logits_at=last.to(self.target.device), features=self.proposer.features)
+        out = self._forward(
+            rows, blocks, starts, logits_at=last.to(self.target.device), features=self.proposer.features
+        )
         for row, (request, block) in enumerate(zip(rows, blocks, strict=True)):
             request.prefilled += len(block)
             if out.features is not None:

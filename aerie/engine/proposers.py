@@ -204,7 +204,8 @@ class PEagleProposer(HeadProposer):
         tokens = [t + [self.head.mask_token_id] * placeholders for t in tokens]
         features = [torch.cat([f, mask_feature]) for f in features]
         out = self._forward(rows, tokens, prefix, features=features)
-        index = torch.tensor(real, device=out.logits.device)[:, None] - 1 + torch.arange(self.k, device=out.logits.device)
+        device = out.logits.device
+        index = torch.tensor(real, device=device)[:, None] - 1 + torch.arange(self.k, device=device)
         logits = out.logits.gather(1, index[..., None].expand(-1, -1, out.logits.shape[-1]))
         chosen, probs = self._choose(rows, logits)
         return Draft(tokens=chosen, probs=probs)

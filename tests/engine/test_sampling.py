@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from random_models import random_model, random_prompts
-from scipy.stats import chisquare
+from stats import chi_square_pvalue
 
 from aerie.engine import Engine, EngineConfig, SamplingParams
 from aerie.engine.sampling import adjusted_probs
@@ -20,21 +20,13 @@ def target():
     return Target(random_model("llama", seed=3))
 
 
-def chi_square_pvalue(observed: np.ndarray, expected_probs: np.ndarray) -> float:
-    """Pearson chi-square, pooling bins with fewer than 5 expected counts into one."""
-    expected = expected_probs * observed.sum()
-    big = expected >= 5
-    obs = np.append(observed[big], observed[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    obs, exp = obs[keep], exp[keep]
-    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
-
-
 def test_seeded_sampling_is_reproducible_whatever_the_batch(target):
     prompts = random_prompts([7, 12, 4, 20])
     params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(4)]
-    alone = [Engine(target, EngineConfig(max_slots=1, max_len=64)).generate([p], [sp])[0] for p, sp in zip(prompts, params)]
+    alone = [
+        Engine(target, EngineConfig(max_slots=1, max_len=64)).generate([p], [sp])[0]
+        for p, sp in zip(prompts, params, strict=True)
+    ]
     together = Engine(target, EngineConfig(max_slots=4, max_len=64)).generate(prompts, params)
     again = Engine(target, EngineConfig(max_slots=2, max_len=64)).generate(prompts, params)
     assert [r.token_ids for r in together] == [r.token_ids for r in alone] == [r.token_ids for r in again]
