@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from aerie.engine import Engine, EngineConfig, SamplingParams
+from aerie.engine import EngineConfig, SamplingParams
+from aerie.engine.build import build_engine
 from aerie.target import load_target
 
 
@@ -21,11 +22,10 @@ def run_generate(
     max_slots: int = 8,
 ) -> Iterator[dict]:
     """Yield `{"prompt", "text", "token_ids", "acceptance_length"}` per prompt, in order."""
-    if method != "none":
-        raise ValueError(f"unknown method {method!r}: expected none")
     loaded = load_target(target)
     longest = max(len(loaded.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
-    engine = Engine(loaded, EngineConfig(max_slots=max_slots, max_len=longest + max_tokens))
+    config = EngineConfig(max_slots=max_slots, max_len=longest + max_tokens)
+    engine = build_engine(loaded, config, method, head, k)
     params = [
         SamplingParams(
             max_tokens=max_tokens,
