@@ -53,5 +53,54 @@ def generate(
             typer.echo(f"--- {result['prompt']!r}\n{result['text']}")
 
 
+@app.command()
+def traffic(
+    target: Annotated[str, typer.Option(help="Target model dir; its tokenizer keeps requests in range (optional).")],
+    out: Annotated[str, typer.Option(help="Where to write the captured traffic (local or s3://).")],
+    requests: Annotated[int, typer.Option(min=1, help="How many requests to synthesise.")] = 1000,
+    format: Annotated[str, typer.Option(help="sagemaker | openai | sharegpt.")] = "sagemaker",
+    seed: Annotated[int, typer.Option(help="Same seed, same files.")] = 0,
+    max_tokens: Annotated[int, typer.Option(min=64, help="Longest request + reply, in tokens.")] = 1024,
+    endpoint: Annotated[str, typer.Option(help="Endpoint name in the Data Capture layout.")] = "aerie-demo",
+    variant: Annotated[str, typer.Option(help="Variant name in the Data Capture layout.")] = "AllTraffic",
+) -> None:
+    """Synthesise captured requests (code completion, explain-this-function) from the stdlib source."""
+    from aerie.traffic import FORMATS, generate_traffic
+
+    if format not in FORMATS:
+        raise typer.BadParameter(f"must be one of {', '.join(FORMATS)}", param_hint="--format")
+    summary = generate_traffic(
+        target, out, requests=requests, fmt=format, seed=seed, max_tokens=max_tokens,
+        endpoint=endpoint, variant=variant,
+    )
+    typer.echo(json.dumps(summary))
+
+
+@app.command()
+def ingest(
+    input: Annotated[str, typer.Option("--input", help="Captured traffic: folder, file or s3:// prefix.")],
+    target: Annotated[str, typer.Option(help="Target model dir (tokenizer + chat template), local or s3://.")],
+    out: Annotated[str, typer.Option(help="Output folder or s3:// prefix (train/, eval/, quarantine/).")],
+    max_tokens: Annotated[int, typer.Option(help="Longest example kept, in tokens.")] = 2048,
+    eval_fraction: Annotated[float, typer.Option(help="Share of records (by id hash) held out for eval.")] = 0.05,
+    max_line_bytes: Annotated[int, typer.Option(help="Longer raw lines are quarantined.")] = 16 * 1024 * 1024,
+    progress: Annotated[bool, typer.Option(help="Show Ray Data progress bars.")] = True,
+) -> None:
+    """Captured traffic -> tokenized Parquet with loss masks, quarantine and manifest (Ray Data)."""
+    from pydantic import ValidationError
+
+    from pipelines.ingest import IngestConfig, format_validation_error, run_ingest
+
+    try:
+        cfg = IngestConfig(
+            input=input, target=target, out=out, max_tokens=max_tokens, eval_fraction=eval_fraction,
+            max_line_bytes=max_line_bytes, progress=progress,
+        )
+    except ValidationError as e:
+        raise typer.BadParameter(format_validation_error(e)) from None
+    manifest = run_ingest(cfg)
+    typer.echo(json.dumps(manifest["counts"]))
+
+
 if __name__ == "__main__":
     app()
