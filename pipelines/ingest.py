@@ -145,8 +145,12 @@ def _split_of(rid: str, eval_fraction: float) -> str:
     return "eval" if h / 2.0**64 < eval_fraction else "train"
 
 
-def parse_files(batch: pa.Table, *, s3: bool, max_line_bytes: int) -> pa.Table:
-    """``{bytes, path}`` rows (whole files) -> one parsed row per non-blank line."""
+def read_and_parse_files(batch: pa.Table, *, filesystem: Any, max_line_bytes: int) -> pa.Table:
+    """``{path, uri}`` rows (one per input file) -> one parsed row per non-blank line.
+
+    Files are read as raw bytes (``compression=None``) and ``.gz`` ones decompressed here, so a
+    corrupt archive becomes one quarantine row instead of failing the read.
+    """
     cols: dict[str, list[Any]] = {name: [] for name in PARSED_SCHEMA.names}
 
     def bad(reason: str, detail: str, raw: bytes | None, source: str, line: int) -> None:
@@ -155,8 +159,9 @@ def parse_files(batch: pa.Table, *, s3: bool, max_line_bytes: int) -> pa.Table:
         for name, value in row.items():
             cols[name].append(value)
 
-    for data, path in zip(batch.column("bytes").to_pylist(), batch.column("path").to_pylist(), strict=True):
-        source = f"s3://{path}" if s3 else path
+    for path, source in zip(batch.column("path").to_pylist(), batch.column("uri").to_pylist(), strict=True):
+        with filesystem.open_input_stream(path, compression=None) as f:
+            data = f.readall()
         if path.lower().endswith(".gz"):
             try:
                 data = gzip.decompress(data)
@@ -345,21 +350,17 @@ def list_inputs(uri: str) -> list[str]:
 
 
 def read_and_parse(files: list[str], max_line_bytes: int = 16 * 1024 * 1024) -> ray.data.Dataset:
-    """Files (URIs from :func:`list_inputs`) -> the parsed data set (ok and failed rows)."""
+    """Files (URIs from :func:`list_inputs`, all on one file system) -> the parsed data set (ok and
+    failed rows). One task per file; the driver's file system object (S3 endpoint, credentials)
+    travels with the tasks, so workers read exactly what the driver listed."""
     fs, _ = storage.resolve(files[0])
-    paths = [storage.resolve(f)[1] for f in files]
-    ds = ray.data.read_binary_files(
-        paths,
-        filesystem=fs,
-        include_paths=True,
-        arrow_open_stream_args={"compression": None},  # .gz is decoded per file, so a bad one is quarantined
-        override_num_blocks=min(len(paths), 4096),
-    )
+    items = [{"path": storage.resolve(f)[1], "uri": f} for f in files]
+    ds = ray.data.from_items(items, override_num_blocks=min(len(items), 4096))
     return ds.map_batches(
-        parse_files,
+        read_and_parse_files,
         batch_format="pyarrow",
         batch_size=None,
-        fn_kwargs={"s3": storage.is_s3(files[0]), "max_line_bytes": max_line_bytes},
+        fn_kwargs={"filesystem": fs, "max_line_bytes": max_line_bytes},
     )
 
 
