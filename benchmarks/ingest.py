@@ -1,7 +1,7 @@
 """Ingest throughput: records/s for read + parse + chat template + tokenize + loss mask of
 SageMaker Data Capture JSONL, on a warm local Ray instance.
 
-    .venv/bin/python benchmarks/ingest.py [--records 50000] [--target DIR] [--input URI] [--cpus 2]
+    .venv/bin/python benchmarks/ingest.py [--records 50000] [--target DIR] [--input URI] [--cpus 2] [--repeats 3]
 
 Without ``--input`` it writes ``--records`` synthetic Data Capture records (``aerie.traffic``) to a
 temporary folder; without ``--target`` it trains a small ChatML byte-level BPE tokenizer on the
@@ -76,14 +76,13 @@ def main() -> int:
     p.add_argument("--target", default=None, help="Target model dir (tokenizer + chat template).")
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--max-tokens", type=int, default=2048)
     args = p.parse_args()
 
     import ray
 
     from aerie.traffic import generate_traffic
-    from pipelines.ingest import encode, list_inputs, load_tokenizer, read_and_parse
+    from pipelines.ingest import data_context, encode, list_inputs, load_tokenizer, read_and_parse
 
     work = Path(tempfile.mkdtemp(prefix="aerie-bench-ingest-"))
     target = args.target or str(build_tokenizer(work / "tokenizer"))
@@ -99,7 +98,6 @@ def main() -> int:
     t = time.perf_counter()
     ray.init(address="local", include_dashboard=False, num_cpus=args.cpus,
              object_store_memory=1024**3, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
     print(f"ray.init {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
     def parse_only() -> tuple[int, float]:
@@ -109,22 +107,26 @@ def main() -> int:
 
     def parse_and_encode() -> tuple[int, float]:
         t0 = time.perf_counter()
-        out = encode(read_and_parse(files), tokenizer, max_tokens=args.max_tokens, batch_size=args.batch_size)
+        out = encode(read_and_parse(files), tokenizer, max_tokens=args.max_tokens, batch_size=None)
         n = out.materialize().count()
         return n, time.perf_counter() - t0
 
-    n, warm = parse_and_encode()
-    print(f"warm-up pass: {n} records in {warm:.2f} s", file=sys.stderr)
-    parse_s, total_s = [], []
-    for _ in range(args.repeats):
-        records, a = parse_only()
-        parse_s.append(a)
-        encoded, b = parse_and_encode()
-        total_s.append(b)
+    load_before = os.getloadavg()[0]
+    with data_context(progress=False):
+        n, warm = parse_and_encode()
+        print(f"warm-up pass: {n} records in {warm:.2f} s", file=sys.stderr)
+        parse_s, total_s = [], []
+        for _ in range(args.repeats):
+            records, a = parse_only()
+            parse_s.append(a)
+            encoded, b = parse_and_encode()
+            total_s.append(b)
     med, med_parse = statistics.median(total_s), statistics.median(parse_s)
     print(f"records: {records} ({encoded} encoded)  files: {len(files)}  cpus: {args.cpus}  runs: {args.repeats}")
     print(f"parse only:       {records / med_parse:,.0f} records/s  (median {med_parse:.2f} s)")
     print(f"parse + tokenize: {records / med:,.0f} records/s  (median {med:.2f} s, best {min(total_s):.2f} s)")
+    print(f"machine load average (1 min) before/after: {load_before:.1f} / {os.getloadavg()[0]:.1f}"
+          f" on {os.cpu_count()} cores (other processes' load lowers the figure)")
     ray.shutdown()
     return 0
 

@@ -42,6 +42,8 @@ import os
 import sys
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -429,6 +431,24 @@ def encode(
     )
 
 
+@contextmanager
+def data_context(progress: bool = True) -> Iterator[ray.data.DataContext]:
+    """Ray Data settings for the ingest stages, restored afterwards.
+
+    Every execution here is one map stage over materialised input (or read -> map fused), so
+    Ray Data's per-operator resource reservation (50% by default) only holds the stage back: on
+    2 CPUs it ran ~1.1 tasks at a time instead of ~1.9 (measured), for ~30% less throughput.
+    """
+    ctx = ray.data.DataContext.get_current()
+    saved = (ctx.enable_progress_bars, ctx.op_resource_reservation_enabled)
+    ctx.enable_progress_bars = progress
+    ctx.op_resource_reservation_enabled = False
+    try:
+        yield ctx
+    finally:
+        ctx.enable_progress_bars, ctx.op_resource_reservation_enabled = saved
+
+
 def load_tokenizer(target: str) -> Any:
     from transformers import AutoTokenizer
 
@@ -443,12 +463,16 @@ def load_tokenizer(target: str) -> Any:
 
 
 def run_ingest(cfg: IngestConfig) -> dict[str, Any]:
-    """Run the whole ingest (Ray must be initialised, or a local instance is started)."""
-    t0 = time.monotonic()
+    """Run the whole ingest; uses the connected Ray instance or starts a local one. Returns the
+    manifest (also written to ``<out>/manifest.json``)."""
     if not ray.is_initialized():
         ray.init()
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = cfg.progress
+    with data_context(cfg.progress):
+        return _run(cfg)
+
+
+def _run(cfg: IngestConfig) -> dict[str, Any]:
+    t0 = time.monotonic()
     tokenizer = load_tokenizer(cfg.target)
     files = list_inputs(cfg.input)
 
