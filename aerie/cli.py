@@ -12,6 +12,23 @@ import typer
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
 
+@app.command("tiny-target")
+def tiny_target(
+    out: Annotated[Path, typer.Option(help="Output directory (a Hugging Face model dir).")],
+    arch: Annotated[str, typer.Option(help="llama | qwen3.")] = "llama",
+    minutes: Annotated[float, typer.Option(help="Training budget, as a fixed calibrated step count.")] = 5.0,
+    seed: Annotated[int, typer.Option(help="Same seed and steps, same model bytes.")] = 0,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps; overrides --minutes.")] = None,
+) -> None:
+    """Build the tiny default target (tokenizer + small model trained on the stdlib source); cached."""
+    from aerie.target.tiny import ARCHS, build_tiny_target
+
+    if arch not in ARCHS:
+        raise typer.BadParameter(f"must be one of {', '.join(ARCHS)}", param_hint="--arch")
+    built = build_tiny_target(out, arch=arch, minutes=minutes, seed=seed, steps=steps)
+    typer.echo(json.dumps({"out": str(built), **json.loads((built / "build.json").read_text())["results"]}))
+
+
 @app.command()
 def generate(
     target: Annotated[str, typer.Option(help="Target model directory (local or s3://).")],
@@ -98,7 +115,11 @@ def ingest(
         )
     except ValidationError as e:
         raise typer.BadParameter(format_validation_error(e)) from None
-    manifest = run_ingest(cfg)
+    try:
+        manifest = run_ingest(cfg)
+    except FileNotFoundError as e:
+        typer.echo(f"error: not found: {e}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(json.dumps(manifest["counts"]))
 
 

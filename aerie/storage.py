@@ -265,12 +265,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("AERIE_CACHE", Path.home() / ".cache" / "aerie")).expanduser()
 
 
-def download(uri: str | os.PathLike[str], local_dir: str | os.PathLike[str] | None = None) -> Path:
+def download(
+    uri: str | os.PathLike[str],
+    local_dir: str | os.PathLike[str] | None = None,
+    *,
+    skip_suffixes: tuple[str, ...] = (),
+) -> Path:
     """Make ``uri`` available on the local disk and return the local path.
 
     A local path is returned as is. An ``s3://`` file or prefix is copied to ``local_dir``
     (default: ``cache_dir()/s3/<bucket>/<key>``); files already there with the same size are
     not fetched again, each file is written atomically, so an interrupted download resumes.
+    ``skip_suffixes`` leaves matching files out (e.g. model weights when only the tokenizer is
+    needed; a later call without it completes the same cache folder).
     """
     if not is_s3(uri):
         fs, path = resolve(uri)
@@ -294,6 +301,8 @@ def download(uri: str | os.PathLike[str], local_dir: str | os.PathLike[str] | No
         if item.type != pafs.FileType.File:
             continue
         rel = item.path[len(base) :].lstrip("/")
+        if skip_suffixes and rel.lower().endswith(skip_suffixes):
+            continue
         target = dest / rel
         if target.is_file() and target.stat().st_size == item.size:
             continue

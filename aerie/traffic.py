@@ -151,7 +151,7 @@ def synthesize(
 ) -> list[Exchange]:
     """``n`` exchanges drawn from stdlib functions, each fitting ``max_tokens`` (prompt + reply)."""
     rng = random.Random(seed)
-    pool = stdlib_functions(min(max(n // 2, 500), 6000), seed)
+    pool = stdlib_functions(min(max(n, 1000), 8000), seed)
     counts = _count_tokens(tokenizer, [f.source for f in pool])
     # explain prompts carry the whole function and a sentence; complete prompts carry less
     fits = [f for f, c in zip(pool, counts, strict=True) if c + 96 <= max_tokens]

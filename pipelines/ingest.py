@@ -58,6 +58,7 @@ from aerie.formats.chat import STATUS_OK, STATUS_TOO_LONG
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz")
 BAD_GZIP = "bad_gzip"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".h5", ".msgpack")
 
 PARSED_SCHEMA = pa.schema(
     [
@@ -452,7 +453,7 @@ def data_context(progress: bool = True) -> Iterator[ray.data.DataContext]:
 def load_tokenizer(target: str) -> Any:
     from transformers import AutoTokenizer
 
-    local = storage.download(target)
+    local = storage.download(target, skip_suffixes=WEIGHT_SUFFIXES)  # the tokenizer only
     tok = AutoTokenizer.from_pretrained(str(local))
     if not getattr(tok, "chat_template", None):
         raise ValueError(f"the tokenizer in {target} has no chat template")

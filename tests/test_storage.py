@@ -99,6 +99,8 @@ def test_s3_round_trip(s3_bucket, tmp_path, monkeypatch):
     assert (local / "one.jsonl").stat().st_mtime_ns == stamp  # cached: not fetched again
     one = storage.download(f"{s3_bucket}/tree/one.jsonl", tmp_path / "single")
     assert one.read_text() == "1\n"
+    light = storage.download(f"{s3_bucket}/tree", tmp_path / "light", skip_suffixes=(".gz",))
+    assert (light / "one.jsonl").is_file() and not (light / "b" / "two.jsonl.gz").exists()
 
     with pytest.raises(RuntimeError), storage.atomic_write(f"{s3_bucket}/tree/never.json") as f:
         f.write(b"x")

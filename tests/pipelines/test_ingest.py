@@ -312,6 +312,9 @@ def test_cli_ingest_and_config_errors(ray_local, tmp_path, tokenizer_dir):
     counts = json.loads(result.output.strip().splitlines()[-1])
     assert counts["read"] == 60 and counts["parsed"] + counts["duplicates"] == 60
 
+    missing = runner.invoke(app, ["ingest", "--input", str(tmp_path / "nothing-here"), "--target",
+                                  str(tokenizer_dir), "--out", str(tmp_path / "out2"), "--no-progress"])
+    assert missing.exit_code == 1 and "not found" in missing.output
     bad = runner.invoke(app, ["ingest", "--input", "x", "--target", "y", "--out", "gs://z", "--max-tokens", "0"])
     assert bad.exit_code != 0 and "--max-tokens" in bad.output and "--out" in bad.output
     with pytest.raises(ValidationError) as e:
