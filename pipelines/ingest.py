@@ -526,13 +526,14 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
         quarantine = quarantine.union(
             rejected.map_batches(_quarantine_from_encode, batch_format="pyarrow", batch_size=None)
         )
-    quarantine.write_json(
-        storage.resolve(quarantine_uri)[1],
-        filesystem=out_fs,
-        filename_provider=ray.data.datasource.FilenameProvider(file_format="jsonl"),
-        mode="overwrite",
-        force_ascii=False,
-    )
+    if parse_reasons or template_reasons:
+        quarantine.write_json(
+            storage.resolve(quarantine_uri)[1],
+            filesystem=out_fs,
+            filename_provider=ray.data.datasource.FilenameProvider(file_format="jsonl"),
+            mode="overwrite",
+            force_ascii=False,
+        )
     kept_ds = encoded.map_batches(_where("status", STATUS_OK), batch_format="pyarrow", batch_size=None)
     for split, uri in (("train", train_uri), ("eval", eval_uri)):
         part = kept_ds.map_batches(_where("split", split), batch_format="pyarrow", batch_size=None)

@@ -321,3 +321,25 @@ def test_cli_ingest_and_config_errors(ray_local, tmp_path, tokenizer_dir):
         _config(input="x", target="y", out="z", eval_fraction=1.0)
     assert e.value.errors()[0]["loc"] == ("eval_fraction",)
     assert main(["--input", "x", "--target", "y", "--out", "z", "--eval-fraction", "-1"]) == 2
+
+
+def test_template_failures_are_quarantined_in_the_pipeline(ray_local, tmp_path, tokenizer_dir):
+    from aerie.traffic import generate_traffic
+    from pipelines.ingest import run_ingest
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok.chat_template = (  # a target that refuses system prompts
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    tok.save_pretrained(str(tmp_path / "strict-target"))
+    generate_traffic(str(tokenizer_dir), str(tmp_path / "cap"), requests=80, seed=11)
+    manifest = run_ingest(_config(input=str(tmp_path / "cap"), target=str(tmp_path / "strict-target"),
+                                  out=str(tmp_path / "out")))
+    counts = manifest["counts"]
+    assert counts["parsed"] + counts["quarantined"] + counts["duplicates"] + counts["too_long"] == counts["read"] == 80
+    assert counts["quarantined_by_reason"].get("template_error", 0) == counts["quarantined"] > 0
+    rows = _quarantine_rows(str(tmp_path / "out" / "quarantine"))
+    assert len(rows) == counts["quarantined"]
+    assert all(r["stage"] == "template" and r["id"] and '"system"' in r["raw"] for r in rows)
