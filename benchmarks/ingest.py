@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -77,6 +78,7 @@ def main() -> int:
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--keep", action="store_true", help="Keep the temporary data and tokenizer.")
     args = p.parse_args()
 
     import ray
@@ -128,6 +130,10 @@ def main() -> int:
     print(f"machine load average (1 min) before/after: {load_before:.1f} / {os.getloadavg()[0]:.1f}"
           f" on {os.cpu_count()} cores (other processes' load lowers the figure)")
     ray.shutdown()
+    if args.keep:
+        print(f"kept {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
