@@ -1,0 +1,99 @@
+"""The tiny target builder, on a capped corpus and a handful of steps (a few seconds a build)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import aerie.target.tiny as tiny
+
+QUICK = {"steps": 3, "max_files": 8}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return tiny.build_tiny_target(tmp_path_factory.mktemp("tiny") / "llama", seed=1, **QUICK)
+
+
+def test_loads_offline_as_a_normal_hf_dir(built: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tok = AutoTokenizer.from_pretrained(built)
+    model = AutoModelForCausalLM.from_pretrained(built)
+    cfg = model.config
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (8, 256, 8, 4)
+    assert cfg.intermediate_size == 768 and not cfg.tie_word_embeddings
+    assert cfg.vocab_size == len(tok) == model.get_output_embeddings().weight.shape[0]
+    assert tok.eos_token == "<|endoftext|>"
+    stops = set(model.generation_config.eos_token_id)
+    assert stops == {tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")}
+    ids = tok("def add(a, b):\n    return a + b\n", return_tensors="pt").input_ids
+    assert tok.decode(ids[0]) == "def add(a, b):\n    return a + b\n"
+    with torch.no_grad():
+        assert model(input_ids=ids).logits.shape == (1, ids.shape[1], len(tok))
+
+    build = json.loads((built / "build.json").read_text())
+    assert build["params"]["steps"] == 3 and build["params"]["arch"] == "llama"
+    assert build["results"]["samples"]["greedy"].startswith("def ")
+    assert build["results"]["heldout_loss"] > 0
+
+
+def test_chat_template_is_chatml(built: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(built)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(text).input_ids
+    assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 3  # one token each, not split into bytes
+    assert tok.apply_chat_template(messages[1:], tokenize=False) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_same_seed_same_bytes(built: Path, tmp_path: Path) -> None:
+    again = tiny.build_tiny_target(tmp_path / "again", seed=1, **QUICK)
+    assert (again / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
+    assert (again / "tokenizer.json").read_bytes() == (built / "tokenizer.json").read_bytes()
+
+
+def test_cache_hit_does_not_retrain(built: Path, monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("retrained a cached build")
+
+    monkeypatch.setattr(tiny, "_build", fail)
+    assert tiny.build_tiny_target(built, seed=1, **QUICK) == built
+    with pytest.raises(AssertionError, match="retrained"):  # different parameters are not a hit
+        tiny.build_tiny_target(built, seed=2, **QUICK)
+
+
+def test_partial_build_is_rebuilt(built: Path, tmp_path: Path) -> None:
+    partial = tmp_path / "partial"
+    shutil.copytree(built, partial)
+    (partial / "build.json").unlink()
+    (partial / "model.safetensors").write_bytes(b"truncated")
+    tiny.build_tiny_target(partial, seed=1, **QUICK)
+    assert (partial / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
+    assert not list(tmp_path.glob(".partial.tmp-*"))
+
+
+def test_refuses_to_replace_a_foreign_dir(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        tiny.build_tiny_target(tmp_path, **QUICK)
+
+
+def test_qwen3_arch(tmp_path: Path) -> None:
+    out = tiny.build_tiny_target(tmp_path / "qwen3", arch="qwen3", **QUICK)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert model.config.head_dim == 32 and model.config.num_hidden_layers == 8
+
+
+def test_minutes_become_a_fixed_step_count(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(tiny, "STEPS_PER_MINUTE", 60)
+    monkeypatch.setattr(tiny, "_build", lambda *args: {})
+    out = tiny.build_tiny_target(tmp_path / "m", minutes=0.05, max_files=QUICK["max_files"])
+    assert json.loads((out / "build.json").read_text())["params"]["steps"] == 3
