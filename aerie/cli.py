@@ -123,5 +123,17 @@ def ingest(
     typer.echo(json.dumps(manifest["counts"]))
 
 
+def main() -> None:
+    """The console script: bad input ends with a one-line error and exit status 2, no traceback."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    try:
+        app()
+    except (ValueError, FileNotFoundError) as error:
+        typer.echo(f"aerie: error: {error}", err=True)
+        raise SystemExit(2) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from aerie.engine import EngineConfig, SamplingParams
-from aerie.engine.build import build_engine
+from aerie.engine.build import build_engine, check_method
 from aerie.target import load_target
 
 
@@ -22,6 +22,7 @@ def run_generate(
     max_slots: int = 8,
 ) -> Iterator[dict]:
     """Yield `{"prompt", "text", "token_ids", "acceptance_length"}` per prompt, in order."""
+    check_method(method, head)
     loaded = load_target(target)
     longest = max(len(loaded.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
     config = EngineConfig(max_slots=max_slots, max_len=longest + max_tokens)

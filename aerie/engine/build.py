@@ -14,6 +14,14 @@ from aerie.target import Target
 METHODS = ("none", "eagle3", "peagle", "eagle")
 
 
+def check_method(method: str, head: object | None) -> None:
+    """Fail fast, before any model is loaded, on a method the engine does not know or lacks a head for."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
+    if method != "none" and head is None:
+        raise ValueError(f"method {method} needs a draft head (--head DIR)")
+
+
 def build_engine(
     target: Target,
     config: EngineConfig,
@@ -25,12 +33,9 @@ def build_engine(
 ) -> Engine:
     """`head` is a loaded head or a head directory (local or s3://); `k` draft tokens per step
     (the tree depth for `eagle`, whose tree holds at most `tree_tokens` tokens with the root)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
+    check_method(method, head)
     if method == "none":
         return Engine(target, config, NoProposer())
-    if head is None:
-        raise ValueError(f"method {method} needs a draft head (--head DIR)")
     if not isinstance(head, DraftHead):
         head = load_head(head, target)
     if head.method != method:

@@ -1,0 +1,65 @@
+"""`aerie generate` as users and outside checks call it: the console script and its --json contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aerie.heads import new_head
+from aerie.heads.io import save_head
+from aerie.target import load_target
+
+PROMPTS = ["def read_config(path):", "class LRUCache:"]
+
+
+def run_cli(*args: str) -> list[dict]:
+    aerie = Path(sys.executable).with_name("aerie")
+    done = subprocess.run([str(aerie), "generate", *args, "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def eagle3_head_dir(tiny_target_dir, tmp_path_factory) -> Path:
+    target = load_target(tiny_target_dir)
+    return Path(save_head(new_head(target, "eagle3", seed=0), tmp_path_factory.mktemp("heads") / "eagle3"))
+
+
+def test_json_lines_match_the_contract_and_hf_greedy(tiny_target_dir):
+    lines = run_cli("--target", str(tiny_target_dir), *sum((["--prompt", p] for p in PROMPTS), []), "--max-tokens", "12")
+    assert [line["prompt"] for line in lines] == PROMPTS
+    target = load_target(tiny_target_dir)
+    for line in lines:
+        assert set(line) == {"prompt", "text", "token_ids", "acceptance_length"}
+        assert line["acceptance_length"] is None
+        ids = torch.tensor([target.tokenizer.encode(line["prompt"], add_special_tokens=False)])
+        expected = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+        assert line["token_ids"] == expected[0, ids.shape[1] :].tolist()
+        assert line["text"] == target.tokenizer.decode(line["token_ids"], skip_special_tokens=True)
+
+
+def test_speculative_method_from_a_head_dir_is_lossless(tiny_target_dir, eagle3_head_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    common = ["--target", str(tiny_target_dir), "--prompts", str(prompts), "--max-tokens", "12"]
+    baseline = run_cli(*common)
+    speculative = run_cli(*common, "--method", "eagle3", "--head", str(eagle3_head_dir), "--k", "3")
+    assert [s["token_ids"] for s in speculative] == [b["token_ids"] for b in baseline]
+    assert all(isinstance(s["acceptance_length"], float) for s in speculative)
+
+
+def test_bad_method_and_missing_head_fail_clearly(tiny_target_dir):
+    aerie = Path(sys.executable).with_name("aerie")
+    done = subprocess.run(
+        [str(aerie), "generate", "--target", str(tiny_target_dir), "--prompt", "x", "--method", "eagle3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert "needs a draft head" in done.stderr
