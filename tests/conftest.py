@@ -177,3 +177,12 @@ def s3_bucket(s3_server) -> str:
     name = "aerie-test"
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
     return f"s3://{name}"
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory) -> Path:
+    """A real tiny-target build (tokenizer, chat template, 8-layer Llama) on a capped corpus and a
+    handful of steps: seconds, not the demo's minutes."""
+    from aerie.target.tiny import build_tiny_target
+
+    return build_tiny_target(tmp_path_factory.mktemp("tiny") / "llama", seed=1, steps=3, max_files=8)
