@@ -35,9 +35,7 @@ class DraftHead(nn.Module):
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         if config.method != self.method:
-            raise ValueError(
-                f"{type(self).__name__} needs method={self.method!r}, config says {config.method!r}"
-            )
+            raise ValueError(f"{type(self).__name__} needs method={self.method!r}, config says {config.method!r}")
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(config.embed_trainable)

@@ -102,13 +102,13 @@ class HeadConfig(BaseModel):
 
 
 def default_mask_token_id(target) -> int:
-    """The P-EAGLE placeholder: the tokenizer's pad token when it has one that is not also EOS,
-    else the last embedding row (an id real text does not produce in our tiny targets)."""
+    """The P-EAGLE placeholder when none is given: an embedding row the tokenizer never produces
+    (models often pad their vocabulary), else the pad token when it is not also a stop token, else
+    the last row. `fit.train_head` replaces a choice that occurs in the training data by the
+    rarest token there."""
     tok = getattr(target, "tokenizer", None)
-    if (
-        tok is not None
-        and tok.pad_token_id is not None
-        and tok.pad_token_id not in set(target.stop_token_ids)
-    ):
+    if tok is not None and len(tok) < target.vocab_size:
+        return int(len(tok))
+    if tok is not None and tok.pad_token_id is not None and tok.pad_token_id not in set(target.stop_token_ids):
         return int(tok.pad_token_id)
     return int(target.vocab_size - 1)

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from aerie.heads import new_head
 from aerie.heads.base import DraftHead
-from aerie.heads.config import Method
+from aerie.heads.config import Method, default_mask_token_id
 from aerie.heads.losses import (
     Agreement,
     LossOutput,
@@ -42,9 +42,7 @@ class Example:
 
     def __post_init__(self) -> None:
         if len(self.input_ids) != len(self.loss_mask):
-            raise ValueError(
-                f"input_ids ({len(self.input_ids)}) and loss_mask ({len(self.loss_mask)}) differ"
-            )
+            raise ValueError(f"input_ids ({len(self.input_ids)}) and loss_mask ({len(self.loss_mask)}) differ")
 
 
 @dataclass
@@ -97,11 +95,7 @@ def iterate_batches(
     """Batches in a random order from `generator` (in order when None); examples shorter than
     3 tokens are skipped."""
     usable = [e for e in examples if len(e.input_ids) >= 3]
-    order = (
-        torch.randperm(len(usable), generator=generator).tolist()
-        if generator is not None
-        else range(len(usable))
-    )
+    order = torch.randperm(len(usable), generator=generator).tolist() if generator is not None else range(len(usable))
     order = list(order)
     for start in range(0, len(order), batch_size):
         yield [usable[i] for i in order[start : start + batch_size]]
@@ -131,20 +125,14 @@ def make_optimizer(head: DraftHead, config: TrainConfig, total_steps: int):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def compute_loss(
-    head: DraftHead, hb, config: TrainConfig, generator: torch.Generator | None = None
-) -> LossOutput:
+def compute_loss(head: DraftHead, hb, config: TrainConfig, generator: torch.Generator | None = None) -> LossOutput:
     """The method's training objective on a prepared batch."""
     if head.method == "eagle3":
         return ttt_loss(head, hb, config.ttt_steps, config.ttt_decay)
     if head.method == "peagle":
-        return peagle_loss(
-            head, hb, config.peagle_depths, config.peagle_ratio, config.peagle_ratio_min, generator
-        )
+        return peagle_loss(head, hb, config.peagle_depths, config.peagle_ratio, config.peagle_ratio_min, generator)
     if head.method == "eagle":
-        return eagle_loss(
-            head, hb, config.eagle_steps, config.ttt_decay, config.feature_weight, config.token_weight
-        )
+        return eagle_loss(head, hb, config.eagle_steps, config.ttt_decay, config.feature_weight, config.token_weight)
     raise ValueError(f"unknown head method {head.method!r}")
 
 
@@ -314,15 +302,24 @@ def train_head(
     config = config or TrainConfig()
     draft_vocab = None
     if method != "eagle":
-        draft_vocab = draft_vocab_from_examples(
-            train, target.vocab_size, draft_vocab_size, target.stop_token_ids
-        )
+        draft_vocab = draft_vocab_from_examples(train, target.vocab_size, draft_vocab_size, target.stop_token_ids)
     k = speculative_tokens or (config.peagle_depths if method == "peagle" else config.ttt_steps)
     head = new_head(
         target, method, draft_vocab=draft_vocab, num_layers=num_layers, speculative_tokens=k, seed=config.seed
     )
     result = fit(head, target, train, eval_examples, config, progress)
     return head, result
+
+
+def pick_mask_token(target, examples: Sequence[Example]) -> int:
+    """The P-EAGLE placeholder: the default (`config.default_mask_token_id`) unless the data use
+    it, then the token the data use least (the highest such id)."""
+    candidate = default_mask_token_id(target)
+    counts = token_counts([e.input_ids for e in examples], None, target.vocab_size)
+    if int(counts[candidate]) == 0:
+        return candidate
+    rarest = counts.min()
+    return int(torch.nonzero(counts == rarest).flatten()[-1])
 
 
 def config_dict(config: TrainConfig) -> dict:

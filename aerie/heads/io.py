@@ -105,9 +105,7 @@ def save_head(head: DraftHead, path: str | Path, speculative_tokens: int | None 
         return path
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    state = {
-        name: t.detach().to("cpu").contiguous().clone() for name, t in head.trainable_state_dict().items()
-    }
+    state = {name: t.detach().to("cpu").contiguous().clone() for name, t in head.trainable_state_dict().items()}
     save_file(state, str(out / WEIGHTS_NAME), metadata={"format": "pt", "method": head.method})
     text = json.dumps(speculators_config(head.config, speculative_tokens), indent=2) + "\n"
     (out / CONFIG_NAME).write_text(text)
@@ -178,8 +176,7 @@ def load_head(
     missing = sorted(set(head.trainable_state_dict()) - set(state))
     if unexpected or missing:
         raise ValueError(
-            f"head {path}: weights do not match a {config.method} head "
-            f"(unexpected {unexpected}, missing {missing})"
+            f"head {path}: weights do not match a {config.method} head (unexpected {unexpected}, missing {missing})"
         )
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):

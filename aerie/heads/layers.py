@@ -103,9 +103,7 @@ class Attention(nn.Module):
             repeat = self.num_heads // self.kv_heads
             key = key.repeat_interleave(repeat, dim=1)
             value = value.repeat_interleave(repeat, dim=1)
-        out = F.scaled_dot_product_attention(
-            query, key.to(query.dtype), value.to(query.dtype), attn_mask=mask
-        )
+        out = F.scaled_dot_product_attention(query, key.to(query.dtype), value.to(query.dtype), attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, q, self.num_heads * self.head_dim))
 
 

@@ -86,9 +86,7 @@ def prepare_batch(
     if length < 3:
         raise ValueError("sequences need at least 3 tokens to train a head")
     positions = torch.arange(length, device=device).expand(batch, length)
-    out = target.forward(
-        input_ids, positions, attention_mask=attention_mask.long(), features=head.feature_kind
-    )
+    out = target.forward(input_ids, positions, attention_mask=attention_mask.long(), features=head.feature_kind)
     valid_tokens = attention_mask.bool()
     logits = out.logits[:, 1:]
     top1 = logits.argmax(-1)
@@ -342,9 +340,7 @@ def peagle_sample(
     return rows
 
 
-def peagle_grid(
-    valid: torch.Tensor, loss_mask: torch.Tensor, depths: int
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def peagle_grid(valid: torch.Tensor, loss_mask: torch.Tensor, depths: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every real row at depth 0 and every row whose depth-d element is a reply row at depth d:
     what the engine's one-forward drafting of K = depths tokens does from each position."""
     rows = []
@@ -401,9 +397,7 @@ def peagle_forward(head, hb: HeadBatch, elements: PEagleElements):
     ids = torch.where(is_mask, torch.full_like(anchor, head.mask_token_id), hb.input_ids.gather(1, anchor))
     positions = hb.position_ids.gather(1, anchor) + depth
     feats = hb.features.gather(1, anchor[..., None].expand(-1, -1, hb.features.shape[-1]))
-    feats = torch.where(
-        is_mask[..., None], head.mask_hidden.to(feats.dtype), feats.to(head.mask_hidden.dtype)
-    )
+    feats = torch.where(is_mask[..., None], head.mask_hidden.to(feats.dtype), feats.to(head.mask_hidden.dtype))
     mask = peagle_mask(anchor, depth, present)
     return head(ids, positions, features=feats, attention_mask=mask), row
 

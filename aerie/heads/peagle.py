@@ -22,9 +22,7 @@ class PEagleHead(Eagle3Head):
 
     def __init__(self, config: HeadConfig) -> None:
         if config.mask_token_id is None or not 0 <= config.mask_token_id < config.vocab_size:
-            raise ValueError(
-                f"P-EAGLE needs a mask_token_id inside the vocabulary, got {config.mask_token_id}"
-            )
+            raise ValueError(f"P-EAGLE needs a mask_token_id inside the vocabulary, got {config.mask_token_id}")
         super().__init__(config)
         self.mask_hidden = nn.Parameter(torch.randn(3 * config.target_hidden_size))
 
