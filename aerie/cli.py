@@ -123,6 +123,46 @@ def ingest(
     typer.echo(json.dumps(manifest["counts"]))
 
 
+@app.command()
+def train(
+    data: Annotated[str | None, typer.Option(help="Ingest output (train/ + eval/ Parquet), local or s3://.")] = None,
+    target: Annotated[str | None, typer.Option(help="Target model directory, local or s3://.")] = None,
+    method: Annotated[str | None, typer.Option(help="eagle3 | peagle | eagle.")] = None,
+    out: Annotated[str | None, typer.Option(help="Where the trained head is exported (local or s3://).")] = None,
+    workers: Annotated[int | None, typer.Option(help="Ray Train workers (DDP). [default: 2]")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Passes over the training data. [default: 1]")] = None,
+    warm_start: Annotated[str | None, typer.Option(help="Start from this head directory.")] = None,
+    config: Annotated[str | None, typer.Option(help="YAML config file; flags override it.")] = None,
+    name: Annotated[str | None, typer.Option(help="Run name; rerunning with the same name resumes.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Run storage (checkpoints), local or s3://.")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many optimizer steps.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences per worker and step.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    use_gpu: Annotated[bool | None, typer.Option(help="One GPU per worker (NCCL).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Head init, data order and sampling seed.")] = None,
+    progress: Annotated[bool | None, typer.Option(help="Progress bar in the driver.")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Any other config field: FIELD=VALUE (repeatable).")
+    ] = None,
+) -> None:
+    """Fit a draft head across Ray Train workers (DDP): checkpoints, resume, export to --out."""
+    from train_jobs.config import ConfigError
+    from train_jobs.fit_heads import cli_run, parse_sets
+
+    flags = dict(
+        data=data, target=target, method=method, out=out, workers=workers, epochs=epochs, warm_start=warm_start,
+        name=name, storage=storage, max_steps=max_steps, batch_size=batch_size, lr=lr, use_gpu=use_gpu,
+        seed=seed, progress=progress,
+    )
+    try:
+        overrides = {**parse_sets(set_), **{k: v for k, v in flags.items() if v is not None}}
+    except ConfigError as e:
+        raise typer.BadParameter(str(e), param_hint="--set") from None
+    code = cli_run(config, overrides)
+    if code:
+        raise typer.Exit(code)
+
+
 def main() -> None:
     """The console script: bad input ends with a one-line error and exit status 2, no traceback."""
     from transformers.utils import logging as transformers_logging

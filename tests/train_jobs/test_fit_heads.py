@@ -1,0 +1,139 @@
+"""Ray Train runs with 2 CPU workers (0.5 CPU each): training and export, a worker failure restored
+from the last checkpoint, a stopped run resumed by rerunning it, warm start, S3 storage."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from aerie.engine import EngineConfig, SamplingParams
+from aerie.engine.build import build_engine
+from aerie.heads.io import load_head
+from aerie.target import load_target
+from train_jobs.checkpoints import read_checkpoint, validate_checkpoint
+from train_jobs.config import load_config
+from train_jobs.fit_heads import run_fit
+
+K = 3
+STEPS_PER_EPOCH = 15  # 120 replies / 2 workers / batch 4
+EPOCHS = 3
+
+
+def eventually(check, timeout=20.0):
+    """Ray deletes checkpoints beyond num_to_keep asynchronously, after `fit` may have returned."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def config(fit_target, fit_data, **overrides):
+    values = dict(
+        data=str(fit_data), target=str(fit_target), method="eagle3", draft_vocab_size=512, k=K, epochs=EPOCHS,
+        batch_size=4, lr=1e-2, ttt_steps=2, checkpoint_every=10, num_to_keep=2, report_every=5,
+        report_min_seconds=0.0, workers=2, cpus_per_worker=0.5, threads_per_worker=1, seed=7, progress=False,
+    )
+    values.update(overrides)
+    return load_config(**values)
+
+
+@pytest.fixture(scope="session")
+def baseline(ray_local, fit_target, fit_data, tmp_path_factory):
+    """An uninterrupted 2-worker EAGLE-3 run (local storage and output)."""
+    root = tmp_path_factory.mktemp("baseline")
+    cfg = config(fit_target, fit_data, out=str(root / "head"), storage=str(root / "runs"), name="baseline")
+    return cfg, run_fit(cfg)
+
+
+@pytest.fixture(scope="session")
+def target(fit_target):
+    return load_target(str(fit_target), device="cpu")
+
+
+def test_two_workers_train_and_export_a_lossless_head(baseline, target):
+    cfg, summary = baseline
+    metrics = summary["metrics"]
+    assert summary["steps"] == STEPS_PER_EPOCH * EPOCHS and summary["rows"] == 120  # input-only rows skipped
+    assert metrics["workers"] == 2 and metrics["resumes"] == 0 and metrics["tokens_per_s"] > 0
+    assert all(f"eval_acc_{d}" in metrics and f"eval_chain_{d}" in metrics for d in range(1, K + 1))
+    assert metrics["eval_step"] == summary["steps"] and 1.0 <= metrics["eval_tau"] <= 1.0 + K
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["eval_loss"])
+    # num_to_keep checkpoints in storage, every one complete, the last one final
+    def kept():
+        return sorted(p for p in Path(summary["storage"]).glob("checkpoint_*") if p.is_dir())
+
+    assert eventually(lambda: len(kept()) == cfg.num_to_keep), kept()
+    assert all(validate_checkpoint(p) for p in kept())
+    assert read_checkpoint(summary["checkpoint"]).trainer.finished
+
+    head = load_head(cfg.out, target)
+    assert head.method == "eagle3" and head.config.speculative_tokens == K
+    assert int(head.t2d.sum()) == 512
+    prompts = torch.randint(3, target.vocab_size, (4, 8), generator=torch.Generator().manual_seed(99)).tolist()
+    params = SamplingParams(max_tokens=24)
+    engine_config = EngineConfig(max_slots=4, max_len=64)
+    plain = build_engine(target, engine_config, "none").generate(prompts, params)
+    drafted = build_engine(target, engine_config, "eagle3", head, K).generate(prompts, params)
+    assert [c.token_ids for c in drafted] == [c.token_ids for c in plain]
+
+
+def test_worker_failure_restores_from_checkpoint_on_s3(baseline, ray_local, s3_bucket, fit_target, fit_data, target):
+    """Rank 1 raises at step 23; the group restarts from the step-20 checkpoint (in the moto S3 server),
+    finishes, and lands within noise of the uninterrupted run with the same seed."""
+    from aerie import storage
+
+    _, base = baseline
+    out = f"{s3_bucket}/heads/fault"
+    cfg = config(
+        fit_target, fit_data, out=out, storage=f"{s3_bucket}/runs", name="fault", fail_at_step=23, fail_rank=1,
+        max_failures=1,
+    )
+    summary = run_fit(cfg)
+    metrics = summary["metrics"]
+    assert metrics["resumes"] == 1 and metrics["attempt_start_step"] == 20
+    assert summary["steps"] == base["steps"]
+    assert abs(metrics["eval_acc_1"] - base["metrics"]["eval_acc_1"]) <= 0.05
+    assert abs(metrics["eval_loss"] - base["metrics"]["eval_loss"]) <= 0.05 * abs(base["metrics"]["eval_loss"])
+    # checkpoints and the head are in S3, complete
+    def markers():
+        return [f for f in storage.list_files(f"{s3_bucket}/runs/fault") if f.endswith("/checkpoint.json")]
+
+    assert eventually(lambda: len(markers()) == cfg.num_to_keep), markers()
+    assert summary["checkpoint"].startswith("aerie-test/runs/fault/checkpoint_")
+    names = {f.rsplit("/", 1)[1] for f in storage.list_files(out)}
+    assert names == {"config.json", "model.safetensors", "train_result.json"}
+    head = load_head(out, target)
+    assert head.method == "eagle3"
+
+
+def test_rerun_with_the_same_name_resumes_a_stopped_run(baseline, ray_local, fit_target, fit_data, tmp_path):
+    """A run that starts from the baseline head (warm start), then dies at step 7 without retries; a
+    rerun with the same name and storage resumes from its step-5 checkpoint."""
+    from ray.train import TrainingFailedError
+
+    base_cfg, _ = baseline
+    common = dict(
+        out=str(tmp_path / "head"), storage=str(tmp_path / "runs"), name="stopped", warm_start=base_cfg.out,
+        lr=1e-7, epochs=1, checkpoint_every=5,
+    )
+    with pytest.raises(TrainingFailedError, match="injected failure"):
+        run_fit(config(fit_target, fit_data, fail_at_step=7, max_failures=0, **common))
+    left = sorted(p for p in (tmp_path / "runs" / "stopped").glob("checkpoint_*") if p.is_dir())
+    assert len(left) == 1 and read_checkpoint(left[0]).trainer.step == 5
+    # the warm start took: with a tiny learning rate the head is still the baseline's
+    target = load_target(str(fit_target), device="cpu")
+    warm = load_head(base_cfg.out, target)
+    resumed_head = load_head(left[0] / "head", target)
+    for (name, a), (_, b) in zip(warm.state_dict().items(), resumed_head.state_dict().items(), strict=True):
+        assert torch.allclose(a, b, atol=1e-4), name
+
+    summary = run_fit(config(fit_target, fit_data, **common))
+    assert summary["metrics"]["attempt_start_step"] == 5 and summary["metrics"]["resumes"] == 1
+    assert summary["steps"] == STEPS_PER_EPOCH
+    assert load_head(tmp_path / "head", target).method == "eagle3"

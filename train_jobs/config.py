@@ -1,0 +1,225 @@
+"""The one validated configuration of a head-training run (`aerie train`, `python -m train_jobs.fit_heads`).
+
+Values come from a YAML file (`--config FILE`, local or s3://) and from flags; a flag given on the
+command line wins over the file. Every problem is reported with the field's name, e.g.
+``batch_size (--batch-size): Input should be greater than or equal to 1``. No Ray here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Method = Literal["eagle3", "peagle", "eagle"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names every bad field."""
+
+
+def _check_uri(value: str) -> str:
+    if "://" in value and not value.startswith(("s3://", "file://")):
+        raise ValueError("must be a local path or an s3:// URI")
+    if value.startswith("s3://") and len(value.rstrip("/")) <= len("s3://"):
+        raise ValueError("s3:// URI needs a bucket")
+    return value
+
+
+class FitConfig(BaseModel):
+    """Everything a head-training run needs. Paths may be local or ``s3://``; on a multi-node
+    cluster use ``s3://`` (or a shared file system) for `data`, `target`, `storage` and `out`."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # what to train, from what, to where
+    data: str = Field(min_length=1, description="Ingest output (its train/ and eval/ Parquet folders).")
+    target: str = Field(min_length=1, description="Target model directory (local or s3://).")
+    method: Method = Field(description="Head family: eagle3 | peagle | eagle.")
+    out: str = Field(min_length=1, description="Where the final head is exported (local dir or s3://).")
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        max_length=128,
+        description="Run name; rerunning with the same name and storage resumes (default: derived from "
+        "method, data, target and out, so the same command resumes).",
+    )
+    storage: str = Field(".aerie/train_runs", min_length=1, description="Run storage: checkpoints, results.")
+    warm_start: str | None = Field(None, description="Start from this head directory instead of a new head.")
+
+    # the head
+    draft_vocab_size: int = Field(32000, ge=2, description="Reduced draft vocabulary (EAGLE-3 / P-EAGLE).")
+    num_layers: int | None = Field(None, ge=1, le=16, description="Decoder layers (default: the method's).")
+    k: int = Field(5, ge=1, le=16, description="Depth K of the eval agreement, stored as the head's K.")
+
+    # optimisation (aerie.heads.fit.TrainConfig)
+    epochs: int = Field(1, ge=1, le=10_000)
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimiser steps.")
+    batch_size: int = Field(8, ge=1, le=4096, description="Sequences per worker and step.")
+    batch_tokens: int | None = Field(
+        None, ge=16, description="Token budget per worker and step (padded); replaces batch_size when set."
+    )
+    max_length: int = Field(2048, ge=8, description="Longer sequences are cut (from the right).")
+    lr: float = Field(1e-3, gt=0, le=1.0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_ratio: float = Field(0.05, ge=0, le=1)
+    min_lr_ratio: float = Field(0.05, ge=0, le=1)
+    grad_clip: float = Field(0.5, gt=0)
+    ttt_steps: int = Field(3, ge=1, le=16, description="EAGLE-3 training-time-test unroll.")
+    ttt_decay: float = Field(0.8, gt=0, le=1)
+    peagle_depths: int = Field(8, ge=1, le=32)
+    peagle_ratio: float = Field(0.7, gt=0, le=1)
+    peagle_ratio_min: float = Field(0.2, gt=0, le=1)
+    eagle_steps: int = Field(1, ge=1, le=16)
+    feature_weight: float = Field(1.0, ge=0)
+    token_weight: float = Field(0.1, ge=0)
+    seed: int = Field(0, ge=0)
+
+    # cadence
+    report_every: int = Field(10, ge=1, description="Steps between metric reports.")
+    report_min_seconds: float = Field(
+        5.0, ge=0, description="Metric-only reports closer together than this are skipped (Ray's controller "
+        "takes one report per RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default; more often stalls training)."
+    )
+    eval_every: int = Field(0, ge=0, description="Steps between evals (0: at epoch ends and the end only).")
+    checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (also at every epoch end).")
+    num_to_keep: int = Field(2, ge=1, description="Checkpoints kept in storage.")
+    eval_max_examples: int = Field(256, ge=0, description="Eval examples used (the first of the eval split).")
+    eval_batch_size: int = Field(8, ge=1)
+
+    # data
+    shuffle_buffer: int = Field(256, ge=0, description="Per-worker local shuffle buffer (rows; 0: none).")
+    cache_data_mb: int = Field(
+        256, ge=0, description="Training Parquet up to this size is read once and kept in the object store "
+        "(epochs then skip the read); larger data is streamed every epoch. 0: always stream."
+    )
+
+    # scaling and fault tolerance
+    workers: int = Field(2, ge=1, le=4096)
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(0.5, gt=0, description="Leave CPU for Ray Data on small machines.")
+    gpus_per_worker: float = Field(1.0, gt=0)
+    threads_per_worker: int | None = Field(None, ge=1, description="torch CPU threads in each worker.")
+    max_failures: int = Field(3, ge=-1, description="Worker-group restarts from the last checkpoint.")
+    find_unused_parameters: bool = False
+    progress: bool = True
+
+    # tests only: raise in one worker when it reaches this step in an attempt that did not resume
+    fail_at_step: int | None = Field(None, ge=1, description="Testing: inject a worker failure at this step.")
+    fail_rank: int = Field(0, ge=0, description="Testing: the rank that fails.")
+
+    @field_validator("data", "target", "out", "storage", "warm_start")
+    @classmethod
+    def _uri(cls, value: str | None) -> str | None:
+        return None if value is None else _check_uri(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FitConfig:
+        if self.peagle_ratio_min > self.peagle_ratio:
+            raise ValueError("peagle_ratio_min must not exceed peagle_ratio")
+        if self.batch_tokens is not None and self.batch_tokens < 3:
+            raise ValueError("batch_tokens is too small")
+        return self
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def run_name(self) -> str:
+        """The explicit name, or one derived from what is trained (so the same command resumes)."""
+        if self.name:
+            return self.name
+        key = json.dumps([self.method, self.data, self.target, self.out, self.warm_start])
+        return f"{self.method}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+
+    def train_config(self):
+        """The `aerie.heads.fit.TrainConfig` of this run."""
+        from aerie.heads.fit import TrainConfig
+
+        return TrainConfig(
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            lr=self.lr,
+            betas=tuple(self.betas),
+            weight_decay=self.weight_decay,
+            warmup_ratio=self.warmup_ratio,
+            min_lr_ratio=self.min_lr_ratio,
+            grad_clip=self.grad_clip,
+            max_steps=self.max_steps,
+            ttt_steps=self.ttt_steps,
+            ttt_decay=self.ttt_decay,
+            peagle_depths=self.peagle_depths,
+            peagle_ratio=self.peagle_ratio,
+            peagle_ratio_min=self.peagle_ratio_min,
+            eagle_steps=self.eagle_steps,
+            feature_weight=self.feature_weight,
+            token_weight=self.token_weight,
+            eval_depth=self.k,
+            eval_batch_size=self.eval_batch_size,
+            seed=self.seed,
+        )
+
+    def with_absolute_paths(self) -> FitConfig:
+        """Local paths made absolute (Ray workers do not share the driver's working directory)."""
+        updates = {}
+        for name in ("data", "target", "out", "storage", "warm_start"):
+            value = getattr(self, name)
+            if value and not value.startswith("s3://"):
+                plain = value[len("file://") :] if value.startswith("file://") else value
+                updates[name] = str(Path(plain).expanduser().resolve())
+        return self.model_copy(update=updates)
+
+
+FIELDS = tuple(FitConfig.model_fields)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def format_errors(err: ValidationError) -> str:
+    """One line per problem: ``field (--flag): message``."""
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        if not loc:
+            lines.append(f"config: {e['msg']}")
+            continue
+        field = loc[0]
+        where = ".".join(loc)
+        hint = f" ({flag(field)})" if field in FitConfig.model_fields else ""
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown field (known: {', '.join(FIELDS)})")
+        else:
+            lines.append(f"{where}{hint}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """A YAML (or JSON) mapping from a local path or s3:// URI."""
+    import yaml
+
+    from aerie import storage
+
+    try:
+        text = storage.read_text(path)
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a mapping of field: value, not {type(data).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def load_config(config_file: str | None = None, **overrides: Any) -> FitConfig:
+    """File values, then every override that is not None; raises ConfigError naming bad fields."""
+    values: dict[str, Any] = read_config_file(config_file) if config_file else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return FitConfig.model_validate(values)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e)) from None
