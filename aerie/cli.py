@@ -102,8 +102,17 @@ def ingest(
     eval_fraction: Annotated[float, typer.Option(help="Share of records (by id hash) held out for eval.")] = 0.05,
     max_line_bytes: Annotated[int, typer.Option(help="Longer raw lines are quarantined.")] = 16 * 1024 * 1024,
     progress: Annotated[bool, typer.Option(help="Show Ray Data progress bars.")] = True,
+    regenerate: Annotated[bool, typer.Option(
+        "--regenerate", help="Replace every reply with the target's own (recommended: higher acceptance)."
+    )] = False,
+    regenerate_max_tokens: Annotated[int, typer.Option(help="Longest regenerated reply, in tokens.")] = 512,
+    regenerate_temperature: Annotated[float, typer.Option(help="Regeneration temperature; 0 is greedy.")] = 0.0,
+    regenerate_seed: Annotated[int, typer.Option(help="Per-record seeds are hashed from this and the id.")] = 0,
+    regenerate_actors: Annotated[int, typer.Option(help="Engine actors in the regeneration pool.")] = 1,
+    regenerate_num_gpus: Annotated[float, typer.Option(help="GPUs per regeneration actor (1 on GPUs).")] = 0.0,
 ) -> None:
-    """Captured traffic -> tokenized Parquet with loss masks, quarantine and manifest (Ray Data)."""
+    """Captured traffic -> tokenized Parquet with loss masks, quarantine and manifest (Ray Data);
+    --regenerate rewrites the replies with the target itself."""
     from pydantic import ValidationError
 
     from pipelines.ingest import IngestConfig, format_validation_error, run_ingest
@@ -111,7 +120,10 @@ def ingest(
     try:
         cfg = IngestConfig(
             input=input, target=target, out=out, max_tokens=max_tokens, eval_fraction=eval_fraction,
-            max_line_bytes=max_line_bytes, progress=progress,
+            max_line_bytes=max_line_bytes, progress=progress, regenerate=regenerate,
+            regenerate_max_tokens=regenerate_max_tokens, regenerate_temperature=regenerate_temperature,
+            regenerate_seed=regenerate_seed, regenerate_actors=regenerate_actors,
+            regenerate_num_gpus=regenerate_num_gpus,
         )
     except ValidationError as e:
         raise typer.BadParameter(format_validation_error(e)) from None

@@ -17,6 +17,8 @@ Stages (Ray Data; the parsed and the encoded data sets are materialised so each 
    token ids, the loss mask (1 on the reply tokens and the end-of-turn token only), the length
    filter (``--max-tokens``) and a deterministic train/eval split from a hash of the record id.
    Template failures are quarantined.
+4b. regenerate (``--regenerate``, optional, recommended): every written row's reply is replaced by
+   what the target itself generates for the prompt, in an actor pool (see ``pipelines/regenerate.py``).
 5. write: Parquet ``<out>/train/`` and ``<out>/eval/`` and JSONL ``<out>/quarantine/`` (replaced on
    every run, never appended to), then ``<out>/manifest.json`` with the counts per stage.
 
@@ -29,6 +31,9 @@ rejected by the parser or the chat template; ``duplicates`` the exact duplicates
 ``too_long`` records over ``--max-tokens``; ``parsed`` the records that came through every stage,
 i.e. those written (``parsed == written.train + written.eval``). Input-only records (no captured
 reply) are written with ``has_reply = false`` and an all-zero loss mask, for regeneration later.
+With ``--regenerate`` every written row carries the target's own reply (``regenerated`` true,
+``original_reply`` the captured one); a row the engine fails on keeps its captured reply and is
+counted in ``regeneration_failed``; a prompt that leaves no room for a reply counts as too long.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from aerie import storage
 from aerie.formats import ChatEncoder, RecordError, parse_line
 from aerie.formats.chat import STATUS_OK, STATUS_TOO_LONG
+from pipelines.regenerate import RegenerateConfig, regenerate
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz")
 BAD_GZIP = "bad_gzip"
@@ -118,6 +124,13 @@ class IngestConfig(BaseModel):
     max_line_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Longer raw lines are quarantined.")
     batch_size: int = Field(1024, ge=1, le=65536, description="Rows per encode batch.")
     progress: bool = Field(True, description="Show Ray Data progress bars.")
+    regenerate: bool = Field(False, description="Replace every reply with the target's own (recommended).")
+    regenerate_max_tokens: int = Field(512, ge=1, description="Longest regenerated reply, in tokens.")
+    regenerate_temperature: float = Field(0.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
+    regenerate_seed: int = Field(0, description="Per-record seeds are hashed from this and the record id.")
+    regenerate_actors: int = Field(1, ge=1, description="Engine actors in the regeneration pool.")
+    regenerate_num_gpus: float = Field(0.0, ge=0.0, description="GPUs per regeneration actor (1 on a GPU cluster).")
+    regenerate_max_slots: int = Field(16, ge=1, description="Concurrent sequences per engine.")
 
     @field_validator("input", "out", "target")
     @classmethod
@@ -500,6 +513,15 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
         batch_size=cfg.batch_size,
         drop=drop,
     ).materialize()
+    timings["dedupe_encode"] = round(time.monotonic() - t_stage, 3)
+    regeneration = None
+    if cfg.regenerate:  # 4b.
+        encoded, regeneration = regenerate(encoded, RegenerateConfig(
+            target=cfg.target, max_tokens=cfg.max_tokens, max_new_tokens=cfg.regenerate_max_tokens,
+            temperature=cfg.regenerate_temperature, seed=cfg.regenerate_seed, actors=cfg.regenerate_actors,
+            num_gpus=cfg.regenerate_num_gpus, max_slots=cfg.regenerate_max_slots,
+        ))
+        timings["regenerate"] = regeneration["seconds"]
     tally = _tally(encoded, ["status", "split", "has_reply"])
     status: dict[str, int] = {}
     written = {"train": 0, "eval": 0}
@@ -514,7 +536,6 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
     template_reasons = status  # whatever is left is a quarantine reason
 
     # 5. write (replace, never append)
-    timings["dedupe_encode"] = round(time.monotonic() - t_stage, 3)
     t_stage = time.monotonic()
     for uri in (train_uri, eval_uri, quarantine_uri, manifest_uri):
         storage.delete(uri)
@@ -556,6 +577,9 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
         "written": {**written, "total": written["train"] + written["eval"]},
         "input_only": input_only,
     }
+    if regeneration is not None:
+        counts["regenerated"] = regeneration["regenerated"]
+        counts["regeneration_failed"] = regeneration["regeneration_failed"]
     if kept + quarantined + duplicates + too_long != read or kept != counts["written"]["total"]:
         raise RuntimeError(f"ingest accounting does not add up: {counts}")
     manifest = {
@@ -573,6 +597,10 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
             "too_long": f"records whose tokens exceed max_tokens ({cfg.max_tokens})",
             "parsed": "records that came through every stage: the written ones (train + eval)",
             "input_only": "written records without a captured reply (has_reply = false, no loss tokens)",
+            **({
+                "regenerated": "written records whose reply the target regenerated (regenerated = true)",
+                "regeneration_failed": "written records the engine failed on: captured reply kept",
+            } if regeneration is not None else {}),
         },
         "outputs": {"train": train_uri, "eval": eval_uri, "quarantine": quarantine_uri},
         "tokenizer": {
@@ -580,6 +608,7 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
             "vocab_size": len(tokenizer),
             "chat_template_sha256": hashlib.sha256(tokenizer.chat_template.encode()).hexdigest(),
         },
+        **({"regeneration": regeneration} if regeneration is not None else {}),
         "timings_s": timings,
         "elapsed_s": round(time.monotonic() - t0, 3),
     }
@@ -597,12 +626,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-line-bytes", type=int, default=16 * 1024 * 1024)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--regenerate", action="store_true", help="replace replies with the target's own")
+    p.add_argument("--regenerate-max-tokens", type=int, default=512)
+    p.add_argument("--regenerate-temperature", type=float, default=0.0)
+    p.add_argument("--regenerate-seed", type=int, default=0)
+    p.add_argument("--regenerate-actors", type=int, default=1)
+    p.add_argument("--regenerate-num-gpus", type=float, default=0.0)
+    p.add_argument("--regenerate-max-slots", type=int, default=16)
     args = p.parse_args(argv)
     try:
         cfg = IngestConfig(
             input=args.input, target=args.target, out=args.out, max_tokens=args.max_tokens,
             eval_fraction=args.eval_fraction, max_line_bytes=args.max_line_bytes,
-            batch_size=args.batch_size, progress=not args.no_progress,
+            batch_size=args.batch_size, progress=not args.no_progress, regenerate=args.regenerate,
+            regenerate_max_tokens=args.regenerate_max_tokens, regenerate_temperature=args.regenerate_temperature,
+            regenerate_seed=args.regenerate_seed, regenerate_actors=args.regenerate_actors,
+            regenerate_num_gpus=args.regenerate_num_gpus, regenerate_max_slots=args.regenerate_max_slots,
         )
     except ValidationError as e:
         print(format_validation_error(e), file=sys.stderr)
