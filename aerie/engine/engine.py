@@ -280,7 +280,9 @@ class Engine:
         return self._release(request, kept, new_text)
 
     def _release(self, request: Request, tokens: list[int], new_text: str) -> RequestOutput:
+        """A finished request leaves the engine: its final output is all that remains of it."""
         del self._streams[request.request_id]
+        del self.requests[request.request_id]
         return RequestOutput(request.request_id, tokens, new_text, finished=True, finish_reason=request.finish_reason)
 
     # ---- convenience -----------------------------------------------------------------------
@@ -294,24 +296,33 @@ class Engine:
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
-        texts = {i: "" for i in ids}
-        pending = set(ids)
-        while pending:
-            for output in self.step():
-                if output.request_id in texts:
-                    texts[output.request_id] += output.new_text
-                if output.finished:
-                    pending.discard(output.request_id)
+        ids: list[str] = []
+        requests: list[Request] = []
+        texts: dict[str, str] = {}
+        try:
+            for prompt, sampling in zip(prompts, params, strict=True):
+                ids.append(self.add_request(prompt, sampling))
+                requests.append(self.requests[ids[-1]])
+                texts[ids[-1]] = ""
+            pending = set(ids)
+            while pending:
+                for output in self.step():
+                    if output.request_id in texts:
+                        texts[output.request_id] += output.new_text
+                    if output.finished:
+                        pending.discard(output.request_id)
+        except BaseException:
+            for request_id in ids:
+                self.cancel(request_id)
+            raise
         results = []
-        for request_id in ids:
-            request = self.requests.pop(request_id)
+        for request in requests:
             results.append(
                 Completion(
-                    request_id=request_id,
+                    request_id=request.request_id,
                     prompt_ids=request.prompt_ids,
                     token_ids=request.output_ids,
-                    text=texts[request_id],
+                    text=texts[request.request_id],
                     finish_reason=request.finish_reason or "",
                     spec=request.spec,
                 )

@@ -131,12 +131,9 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def resolve_model_dir(path: str | Path) -> Path:
     """A local directory for `path`; `s3://` prefixes are downloaded to a local cache first."""
-    path = str(path)
-    if path.startswith("s3://"):
-        from aerie.storage import download_prefix
+    from aerie.storage import download
 
-        return download_prefix(path)
-    local = Path(path)
+    local = download(path)
     if not (local / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in target directory {local}")
     return local

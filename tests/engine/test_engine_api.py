@@ -66,3 +66,14 @@ def test_streamed_deltas_add_up_and_cancel_frees_the_slot(model):
         assert streamed[request_id] == hf_greedy(model, prompt, 10)
     assert 0 < len(streamed[ids[0]]) < 10
     assert engine.cancel(ids[0]) is None
+
+
+def test_finished_requests_leave_the_engine_and_a_failed_generate_leaves_nothing_queued(model):
+    engine = Engine(Target(model), EngineConfig(max_slots=2, max_len=40))
+    engine.generate(random_prompts([5, 6, 7]), SamplingParams(max_tokens=4))
+    assert engine.requests == {} and not engine.has_unfinished()
+    with pytest.raises(ValueError, match="max_len"):
+        engine.generate(random_prompts([5, 39]), SamplingParams(max_tokens=4))
+    assert engine.requests == {} and not engine.has_unfinished()
+    [again] = engine.generate(random_prompts([5]), SamplingParams(max_tokens=4))
+    assert len(again.token_ids) == 4
