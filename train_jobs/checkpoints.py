@@ -49,8 +49,10 @@ class TrainerState:
     world_size: int = 1
     total_steps: int = 0
     tokens: float = 0.0
-    seconds: float = 0.0
+    seconds: float = 0.0  # in train steps (data wait included), summed over attempts
+    wall_seconds: float = 0.0  # in the training loop (evals, checkpoints, reports included)
     metrics: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)  # every report's metrics
     config: dict[str, Any] = field(default_factory=dict)
 
 

@@ -89,19 +89,23 @@ def examples_from_table(batch: pa.Table) -> list[Example]:
 
 
 def count_tokens(batch: pa.Table, vocab_size: int) -> pa.Table:
-    """Ray Data UDF: per block, rows, tokens, loss tokens and the count of every reply token."""
-    ids, _ = _list_values(batch.column("input_ids"))
+    """Ray Data UDF: per block, rows, tokens, loss tokens, the count of every reply token
+    (`counts`) and of every token (`all_counts`), and the row lengths."""
+    ids, lengths = _list_values(batch.column("input_ids"))
     mask, _ = _list_values(batch.column("loss_mask"))
     reply = ids[mask.astype(bool)].astype(np.int64)
     if reply.size and (reply.min() < 0 or reply.max() >= vocab_size):
         raise ValueError(f"token ids outside the target vocabulary (0..{vocab_size - 1})")
-    counts = np.bincount(reply, minlength=vocab_size)
     return pa.table(
         {
             "rows": [batch.num_rows],
             "tokens": [int(ids.size)],
             "loss_tokens": [int(reply.size)],
-            "counts": pa.array([counts], type=pa.list_(pa.int64())),
+            "counts": pa.array([np.bincount(reply, minlength=vocab_size)], type=pa.list_(pa.int64())),
+            "all_counts": pa.array(
+                [np.bincount(ids.astype(np.int64), minlength=vocab_size)], type=pa.list_(pa.int64())
+            ),
+            "lengths": pa.array([lengths.astype(np.int32)], type=pa.list_(pa.int32())),
         }
     )
 
@@ -119,9 +123,12 @@ def train_dataset(data: str, seed: int = 0):
 
 
 def scan_dataset(ds, vocab_size: int) -> dict[str, Any]:
-    """One pass: rows, tokens, loss tokens and the reply-token counts (for the draft vocabulary)."""
+    """One pass: rows, tokens, loss tokens, reply-token counts (for the draft vocabulary) and
+    all-token counts (for the P-EAGLE placeholder), row lengths (to plan token-budget batches)."""
     totals = {"rows": 0, "tokens": 0, "loss_tokens": 0}
     counts = np.zeros(vocab_size, dtype=np.int64)
+    all_counts = np.zeros(vocab_size, dtype=np.int64)
+    lengths: list[np.ndarray] = []
     scanned = ds.map_batches(
         count_tokens, fn_kwargs={"vocab_size": vocab_size}, batch_format="pyarrow", batch_size=None
     )
@@ -130,7 +137,11 @@ def scan_dataset(ds, vocab_size: int) -> dict[str, Any]:
             totals[key] += int(pc.sum(part.column(key)).as_py() or 0)
         for row in part.column("counts").to_pylist():
             counts += np.asarray(row, dtype=np.int64)
-    return {**totals, "counts": counts}
+        for row in part.column("all_counts").to_pylist():
+            all_counts += np.asarray(row, dtype=np.int64)
+        lengths.extend(np.asarray(row, dtype=np.int32) for row in part.column("lengths").to_pylist())
+    lengths_all = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
+    return {**totals, "counts": counts, "all_counts": all_counts, "lengths": lengths_all}
 
 
 def read_eval_examples(data: str, limit: int) -> list[Example]:
@@ -150,6 +161,18 @@ def read_eval_examples(data: str, limit: int) -> list[Example]:
             if len(out) >= limit:
                 return out[:limit]
     return out
+
+
+def count_batches(lengths: np.ndarray, batch_size: int, batch_tokens: int | None, max_length: int) -> int:
+    """How many batches `batched` makes of rows with these lengths (in this order)."""
+    if batch_tokens is None:
+        return -(-len(lengths) // batch_size)
+    count, rows, longest = 0, 0, 0
+    for n in np.minimum(lengths, max_length):
+        if rows and max(longest, n) * (rows + 1) > batch_tokens:
+            count, rows, longest = count + 1, 0, 0
+        rows, longest = rows + 1, max(longest, int(n))
+    return count + (1 if rows else 0)
 
 
 def batched(

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -85,12 +84,16 @@ def local_copy(uri: str, skip_suffixes: tuple[str, ...] = ()) -> Path:
 
 
 def target_info(target: str) -> dict[str, Any]:
-    """Vocabulary size and stop tokens of a target, from its config and tokenizer only (no weights)."""
+    """Vocabulary size, stop tokens and the default P-EAGLE placeholder of a target, from its config
+    and tokenizer only (no weights)."""
+    from types import SimpleNamespace
+
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+    from aerie.heads.config import default_mask_token_id
+
     local = local_copy(target, WEIGHT_SUFFIXES)
-    config = AutoConfig.from_pretrained(local)
-    text = config.get_text_config()
+    vocab_size = int(AutoConfig.from_pretrained(local).get_text_config().vocab_size)
     stops: set[int] = set()
     try:
         eos = GenerationConfig.from_pretrained(local).eos_token_id
@@ -99,11 +102,21 @@ def target_info(target: str) -> dict[str, Any]:
         pass
     try:
         tok = AutoTokenizer.from_pretrained(local)
-        if tok.eos_token_id is not None:
-            stops.add(int(tok.eos_token_id))
     except (OSError, ValueError):
-        pass
-    return {"vocab_size": int(text.vocab_size), "stop_token_ids": sorted(stops)}
+        tok = None
+    if tok is not None and tok.eos_token_id is not None:
+        stops.add(int(tok.eos_token_id))
+    like = SimpleNamespace(tokenizer=tok, vocab_size=vocab_size, stop_token_ids=sorted(stops))
+    return {"vocab_size": vocab_size, "stop_token_ids": sorted(stops), "mask_token_id": default_mask_token_id(like)}
+
+
+def pick_mask_token(default: int, all_counts) -> int:
+    """The P-EAGLE placeholder (as `aerie.heads.fit.pick_mask_token`, from counts): the default
+    unless the data use it, then the token the data use least (the highest such id)."""
+    counts = torch.as_tensor(all_counts)
+    if int(counts[default]) == 0:
+        return int(default)
+    return int(torch.nonzero(counts == counts.min()).flatten()[-1])
 
 
 # ============================================================================ the worker loop
@@ -266,7 +279,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
                     f"the draft vocabulary covers {vocab[1].numel()} tokens, the target has {target.vocab_size}"
                 )
         head = new_head(
-            target, cfg.method, draft_vocab=vocab, num_layers=cfg.num_layers, speculative_tokens=cfg.k, seed=cfg.seed
+            target, cfg.method, draft_vocab=vocab, num_layers=cfg.num_layers, speculative_tokens=cfg.k,
+            seed=cfg.seed, mask_token_id=loop_config.get("mask_token_id") if cfg.method == "peagle" else None,
         )
     head = head.to(device=device, dtype=torch.float32).train()
     model = ray.train.torch.prepare_model(
@@ -290,6 +304,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     eval_examples = ray.get(loop_config["eval_ref"]) if loop_config.get("eval_ref") is not None else []
     shard = ray.train.get_dataset_shard("train")
     start_step = state.step
+    attempt_started, wall_before = time.monotonic(), state.wall_seconds
 
     bar = None
     if rank == 0 and cfg.progress:
@@ -309,6 +324,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         summed = comm.sum([window["loss"], window["steps"], window["tokens"], window["loss_tokens"]])
         seconds = window["seconds"]
         state.tokens += summed[2]
+        state.wall_seconds = wall_before + time.monotonic() - attempt_started
         metrics: dict[str, float] = {
             "step": state.step,
             "epoch": state.epoch,
@@ -321,6 +337,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             "data_wait_fraction": window["data_seconds"] / seconds if seconds > 0 else 0.0,
             "tokens": state.tokens,
             "train_seconds": state.seconds,
+            "wall_seconds": state.wall_seconds,
             "workers": world,
             "attempt_start_step": start_step,
             "resumes": state.metrics.get("resumes", 0),
@@ -332,6 +349,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         for key in window:
             window[key] = 0.0
         state.metrics = dict(metrics)
+        state.history.append(dict(metrics))
         checkpoint, tmp = None, None
         if checkpoint_due:
             rng = comm.gather(generator.get_state())
@@ -432,17 +450,24 @@ def _run_config(cfg: FitConfig, name: str):
     )
 
 
-def plan_steps(cfg: FitConfig, rows: int, tokens: int) -> dict[str, int]:
-    """Steps per epoch and in total: each worker gets rows // workers rows (Ray's equal split)."""
+def plan_steps(cfg: FitConfig, lengths) -> dict[str, int]:
+    """Steps per epoch and in total. Each worker gets rows // workers rows (Ray's equal split); with
+    a token budget the batch count is simulated on a seeded shuffle of the real row lengths (every
+    worker stops when the first runs out, so the smallest count)."""
+    import numpy as np
+
+    rows = len(lengths)
     per_worker = rows // cfg.workers
     if per_worker == 0:
         raise ValueError(f"{rows} trainable rows cannot feed {cfg.workers} workers")
-    if cfg.batch_tokens is not None:
-        mean_len = min(tokens / max(rows, 1), cfg.max_length)
-        per_batch = max(1, int(cfg.batch_tokens // max(mean_len * 1.3, 1)))  # padding makes batches smaller
-        steps_per_epoch = math.ceil(per_worker / per_batch)
-    else:
-        steps_per_epoch = math.ceil(per_worker / cfg.batch_size)
+    from train_jobs.data import count_batches
+
+    order = np.random.default_rng(cfg.seed).permutation(rows)
+    steps_per_epoch = min(
+        count_batches(np.asarray(lengths)[order[w * per_worker : (w + 1) * per_worker]], cfg.batch_size,
+                      cfg.batch_tokens, cfg.max_length)
+        for w in range(cfg.workers)
+    )
     total = steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
         total = min(total, cfg.max_steps)
@@ -498,8 +523,9 @@ def run_fit(cfg: FitConfig) -> dict[str, Any]:
     if cached:  # small enough: read once, every epoch then splits blocks already in the object store
         ds = ds.materialize()
     scan = scan_dataset(ds, info["vocab_size"])
-    plan = plan_steps(cfg, scan["rows"], scan["tokens"])
+    plan = plan_steps(cfg, scan["lengths"])
     draft_vocab = None
+    mask_token_id = pick_mask_token(info["mask_token_id"], scan["all_counts"]) if cfg.method == "peagle" else None
     if cfg.method != "eagle" and not cfg.warm_start:
         d2t, t2d = build_draft_vocab(torch.from_numpy(scan["counts"]), cfg.draft_vocab_size, info["stop_token_ids"])
         draft_vocab = (d2t, t2d)
@@ -519,6 +545,7 @@ def run_fit(cfg: FitConfig) -> dict[str, Any]:
         train_loop_config={
             "config": cfg.model_dump(mode="json"),
             "draft_vocab": draft_vocab,
+            "mask_token_id": mask_token_id,
             "total_steps": plan["total_steps"],
             "eval_ref": ray.put(eval_examples) if eval_examples else None,
         },
@@ -550,10 +577,11 @@ def run_fit(cfg: FitConfig) -> dict[str, Any]:
             "rows": scan["rows"],
             "data_cached": cached,
             "metrics": loaded.trainer.metrics,
+            "history": loaded.trainer.history,
             "scan_seconds": round(scan_s, 2),
             "fit_seconds": round(fit_s, 2),
         }
-        summary["out"] = export_head(path, cfg.out, summary)
+        summary["out"] = export_head(path, cfg.out, {k: v for k, v in summary.items() if k != "history"})
     summary["seconds"] = round(time.monotonic() - started, 2)
     return summary
 
@@ -598,6 +626,7 @@ def cli_run(config_file: str | None, overrides: dict[str, Any]) -> int:
         print(f"error: invalid training config:\n{e}", file=sys.stderr)
         return 2
     summary = run_fit(cfg)
+    summary.pop("history", None)  # in the run's checkpoints (state.json) for whoever wants it
     print(json.dumps(summary, indent=2, default=str))
     return 0
 
