@@ -40,7 +40,7 @@ from transformers import (
 
 from aerie.target.corpus import completion_chats, corpus_paths, read_sources
 
-VERSION = 1
+VERSION = 2
 ARCHS = ("llama", "qwen3")
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -62,7 +62,7 @@ GRAD_CLIP = 1.0
 THREADS = 2
 CHATS = 512  # "complete this function" chats mixed into the documents, so the model knows ChatML
 EVAL_CHUNKS = 64
-SAMPLE_PROMPT = "def "
+SAMPLE_PROMPT = "def"  # not "def ": a trailing space is a token the text never has before a name
 SAMPLE_TOKENS = 60
 
 OUTPUT_FILES = frozenset(
@@ -79,13 +79,27 @@ OUTPUT_FILES = frozenset(
 )
 
 
+# GPT-4 style pre-tokenization: a line break never merges with the indentation after it, so a
+# prompt that ends in "\n" (a chat generation prompt, a signature line) is cut at the same token
+# boundary as the training text (GPT-2's regex would have made "\n    " one token).
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
 def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
-    """Byte-level BPE (GPT-2 style pre-tokenization, so any text round-trips) with the ChatML
-    special tokens at ids 0, 1, 2. Training is deterministic for the same texts."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Byte-level BPE (any text round-trips) with the ChatML special tokens at ids 0, 1, 2.
+    Training is deterministic for the same texts."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -39,7 +39,7 @@ def test_loads_offline_as_a_normal_hf_dir(built: Path, monkeypatch) -> None:
 
     build = json.loads((built / "build.json").read_text())
     assert build["params"]["steps"] == 3 and build["params"]["arch"] == "llama"
-    assert build["results"]["samples"]["greedy"].startswith("def ")
+    assert build["results"]["samples"]["greedy"].startswith("def")
     assert build["results"]["heldout_loss"] > 0
 
 
@@ -51,6 +51,16 @@ def test_chat_template_is_chatml(built: Path) -> None:
     ids = tok(text).input_ids
     assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 3  # one token each, not split into bytes
     assert tok.apply_chat_template(messages[1:], tokenize=False) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_prompt_ending_in_newline_splits_like_training_text(built: Path) -> None:
+    """The reply after a generation prompt (or a signature line) is tokenized on its own at serving
+    time; the token boundary must be the one the model saw in training, where both were one text."""
+    tok = AutoTokenizer.from_pretrained(built)
+    chat = [{"role": "user", "content": "Complete this function:\ndef inc(x):"}]
+    prompt = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    for head, tail in ((prompt, "    return x + 1<|im_end|>\n"), ("def inc(x):\n", "    return x + 1\n")):
+        assert tok(head).input_ids + tok(tail).input_ids == tok(head + tail).input_ids
 
 
 def test_same_seed_same_bytes(built: Path, tmp_path: Path) -> None:
