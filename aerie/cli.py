@@ -42,6 +42,7 @@ def generate(
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (per prompt: seed + index).")] = None,
     max_slots: Annotated[int, typer.Option(help="Concurrent sequences in the engine.")] = 8,
+    chat: Annotated[bool, typer.Option("--chat", help="Send each prompt as a user message (chat template).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt and line.")] = False,
 ) -> None:
     """Generate with the speculative engine in-process (no Ray)."""
@@ -63,6 +64,7 @@ def generate(
         top_p=top_p,
         seed=seed,
         max_slots=max_slots,
+        chat=chat,
     ):
         if as_json:
             typer.echo(json.dumps(result))

@@ -20,11 +20,21 @@ def run_generate(
     top_p: float = 1.0,
     seed: int | None = None,
     max_slots: int = 8,
+    chat: bool = False,
 ) -> Iterator[dict]:
-    """Yield `{"prompt", "text", "token_ids", "acceptance_length"}` per prompt, in order."""
+    """Yield `{"prompt", "text", "token_ids", "acceptance_length"}` per prompt, in order.
+    With `chat`, each prompt is sent as one user message through the target's chat template."""
     check_method(method, head)
     loaded = load_target(target)
-    longest = max(len(loaded.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
+    tokenizer = loaded.tokenizer
+    if chat:
+        inputs = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            for p in prompts
+        ]
+    else:
+        inputs = prompts
+    longest = max(len(tokenizer.encode(p, add_special_tokens=False)) for p in inputs)
     config = EngineConfig(max_slots=max_slots, max_len=longest + max_tokens)
     engine = build_engine(loaded, config, method, head, k)
     params = [
@@ -36,7 +46,7 @@ def run_generate(
         )
         for index in range(len(prompts))
     ]
-    for prompt, completion in zip(prompts, engine.generate(prompts, params), strict=True):
+    for prompt, completion in zip(prompts, engine.generate(inputs, params), strict=True):
         yield {
             "prompt": prompt,
             "text": completion.text,
