@@ -10,9 +10,10 @@
    (1 thread each, 0.5 CPU each), `--batch-size` sequences per worker and step. tokens/s counts the
    non-padding tokens of every worker's batches per second of training steps (data wait included;
    start-up, evals, checkpoints not); `wall_s` is the whole `run_fit` call.
-3. Time to the learning bar: EAGLE-3 and P-EAGLE with 2 workers (and EAGLE-3 with 1), evaluated every
-   `--eval-every` steps on the held-out split; the first eval whose depth-1 agreement (`eval_acc_1`)
-   reaches `--bar`: its step, seconds of training steps and seconds in the training loop.
+3. Time to the learning bar: EAGLE-3 and P-EAGLE with 2 workers and EAGLE-3 with 1 (twice the steps,
+   so the same number of examples), evaluated every `--eval-every` steps on the held-out split; the
+   first eval whose depth-1 agreement (`eval_acc_1`) reaches `--bar`: its step, seconds of training
+   steps and seconds in the training loop.
 4. Every exported head passes the engine's greedy losslessness check (equal to `--method none`).
 
 Writes `<out>/results.json`. The machine is shared: the 1-minute load average is recorded per run.
@@ -118,8 +119,8 @@ def main() -> None:
     parser.add_argument("--out", default=".aerie/bench/train_scaling")
     parser.add_argument("--requests", type=int, default=1200)
     parser.add_argument("--steps", type=int, default=150, help="steps of each throughput run")
-    parser.add_argument("--bar-steps", type=int, default=1200, help="most steps of each learning run")
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--bar-steps", type=int, default=128, help="steps of the 2-worker learning runs (x2 for 1)")
+    parser.add_argument("--eval-every", type=int, default=16, help="(x2 for 1 worker: the same examples per eval)")
     parser.add_argument("--eval-examples", type=int, default=64)
     parser.add_argument("--bar", type=float, default=0.6)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -143,7 +144,9 @@ def main() -> None:
     data = Path(args.data).resolve() if args.data else out / "data"
     if not (data / "train").exists():
         data = build_demo_data(args.target, out, args.requests)
-    results: dict = {"settings": vars(args), "cpus": os.cpu_count(), "runs": []}
+    path = out / "results.json"
+    results: dict = json.loads(path.read_text()) if path.is_file() else {"runs": []}
+    results.update(settings=vars(args), cpus=os.cpu_count())  # runs of other tags from earlier calls stay
     skip = set(filter(None, args.skip.split(",")))
     plan = []
     if "throughput" not in skip:
@@ -152,13 +155,14 @@ def main() -> None:
         plan += [
             ("eagle3", 2, args.bar_steps, args.eval_every, "bar-eagle3-w2"),
             ("peagle", 2, args.bar_steps, args.eval_every, "bar-peagle-w2"),
-            ("eagle3", 1, args.bar_steps, args.eval_every, "bar-eagle3-w1"),
+            ("eagle3", 1, 2 * args.bar_steps, 2 * args.eval_every, "bar-eagle3-w1"),  # same examples per eval
         ]
     for method, workers, steps, eval_every, tag in plan:
-        results["runs"].append({"tag": tag, **run(args, data, method, workers, steps, eval_every, tag)})
-        (out / "results.json").write_text(json.dumps(results, indent=2))
+        result = {"tag": tag, **run(args, data, method, workers, steps, eval_every, tag)}
+        results["runs"] = [r for r in results["runs"] if r["tag"] != tag] + [result]
+        path.write_text(json.dumps(results, indent=2))
     ray.shutdown()
-    print(f"wrote {out / 'results.json'}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -571,7 +571,7 @@ def run_fit(cfg: FitConfig) -> dict[str, Any]:
             "run": name,
             "method": cfg.method,
             "storage": storage.join(cfg.storage, name),
-            "checkpoint": result.checkpoint.path,
+            "checkpoint": ("s3://" if storage.is_s3(cfg.storage) else "") + result.checkpoint.path,
             "steps": loaded.trainer.step,
             "workers": cfg.workers,
             "rows": scan["rows"],
@@ -642,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
         info = FitConfig.model_fields[field]
         parser.add_argument(flag(field), dest=field, nargs="?", const="true", default=None,
                             help=info.description)
+        if info.annotation is bool:
+            parser.add_argument("--no-" + flag(field)[2:], dest=field, action="store_const", const="false")
     args = parser.parse_args(argv)
     overrides = {f: parse_value(getattr(args, f), f) for f in FIELDS if getattr(args, f) is not None}
     try:

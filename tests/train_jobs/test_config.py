@@ -93,3 +93,14 @@ def test_module_entry_point_names_the_bad_field(capsys):
     assert parse_sets(["checkpoint-every=5", "use_gpu=true", "name=007"]) == {
         "checkpoint_every": 5, "use_gpu": True, "name": "007"
     }
+
+
+def test_module_entry_point_flags(monkeypatch):
+    import train_jobs.fit_heads as fit_heads
+
+    seen = {}
+    monkeypatch.setattr(fit_heads, "cli_run", lambda config, overrides: seen.update(config=config, **overrides) or 0)
+    assert main(["--config", "c.yaml", "--data", "d", "--workers", "3", "--use-gpu", "--no-progress",
+                 "--betas", "[0.8, 0.9]", "--set", "seed=4"]) == 0
+    assert seen == {"config": "c.yaml", "data": "d", "workers": 3, "use_gpu": True, "progress": False,
+                    "betas": [0.8, 0.9], "seed": 4}

@@ -105,7 +105,7 @@ def test_worker_failure_restores_from_checkpoint_on_s3(baseline, ray_local, s3_b
         return [f for f in storage.list_files(f"{s3_bucket}/runs/fault") if f.endswith("/checkpoint.json")]
 
     assert eventually(lambda: len(markers()) == cfg.num_to_keep), markers()
-    assert summary["checkpoint"].startswith("aerie-test/runs/fault/checkpoint_")
+    assert summary["checkpoint"].startswith(f"{s3_bucket}/runs/fault/checkpoint_")
     names = {f.rsplit("/", 1)[1] for f in storage.list_files(out)}
     assert names == {"config.json", "model.safetensors", "train_result.json"}
     head = load_head(out, target)
