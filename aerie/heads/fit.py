@@ -24,6 +24,7 @@ from aerie.heads.base import DraftHead
 from aerie.heads.config import Method, default_mask_token_id
 from aerie.heads.losses import (
     Agreement,
+    HeadBatch,
     LossOutput,
     chain_agreement,
     eagle_loss,
@@ -58,6 +59,7 @@ class TrainConfig:
     grad_clip: float = 0.5
     max_steps: int | None = None  # stop early (the cosine schedule still spans max_steps)
     max_seconds: float | None = None  # wall-clock budget; the schedule assumes all steps run
+    cache_target: bool = False  # keep the target's outputs of every batch in memory across epochs
     # EAGLE-3 training-time test (SpecForge / EAGLE-3 unroll 7, speculators 3)
     ttt_steps: int = 3
     ttt_decay: float = 0.8
@@ -90,15 +92,27 @@ def collate(examples: Sequence[Example], max_length: int | None = None, pad_id: 
 
 
 def iterate_batches(
-    examples: Sequence[Example], batch_size: int, generator: torch.Generator | None = None
+    examples: Sequence[Example],
+    batch_size: int,
+    generator: torch.Generator | None = None,
+    bucket: int = 16,
 ) -> Iterator[list[Example]]:
-    """Batches in a random order from `generator` (in order when None); examples shorter than
-    3 tokens are skipped."""
+    """Batches of examples (those shorter than 3 tokens skipped). With a `generator`: shuffled,
+    then within windows of `bucket` batches sorted by length (less padding), batches in random
+    order. Without: in order."""
     usable = [e for e in examples if len(e.input_ids) >= 3]
-    order = torch.randperm(len(usable), generator=generator).tolist() if generator is not None else range(len(usable))
-    order = list(order)
-    for start in range(0, len(order), batch_size):
-        yield [usable[i] for i in order[start : start + batch_size]]
+    if generator is None:
+        for start in range(0, len(usable), batch_size):
+            yield usable[start : start + batch_size]
+        return
+    order = torch.randperm(len(usable), generator=generator).tolist()
+    window = batch_size * max(1, bucket)
+    batches: list[list[int]] = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start : start + window], key=lambda i: len(usable[i].input_ids))
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    for index in torch.randperm(len(batches), generator=generator).tolist():
+        yield [usable[i] for i in batches[index]]
 
 
 def draft_vocab_from_examples(
@@ -159,21 +173,21 @@ def unwrap_head(model: torch.nn.Module) -> DraftHead:
 def train_step(
     model: torch.nn.Module,
     target,
-    batch: Sequence[Example],
+    batch: Sequence[Example] | HeadBatch,
     optimizer: torch.optim.Optimizer,
     scheduler=None,
     config: TrainConfig | None = None,
     generator: torch.Generator | None = None,
 ) -> dict[str, float]:
-    """One optimiser step on one batch. `model` is a DraftHead, or an `Objective` (possibly
-    wrapped by DistributedDataParallel). Returns plain-float metrics (loss, per-depth loss/acc,
-    grad_norm, lr, tokens)."""
+    """One optimiser step on one batch (examples, or a HeadBatch already prepared by
+    `prepare_examples`). `model` is a DraftHead, or an `Objective` (possibly wrapped by
+    DistributedDataParallel). Returns plain-float metrics (loss, per-depth loss/acc, grad_norm,
+    lr, tokens)."""
     config = config or TrainConfig()
     head = unwrap_head(model)
     objective = Objective(head, config) if model is head else model
     objective.train()
-    ids, attn, loss_mask = collate(batch, config.max_length)
-    hb = prepare_batch(target, head, ids, attn, loss_mask)
+    hb = batch if isinstance(batch, HeadBatch) else prepare_examples(target, head, batch, config.max_length)
     out = objective(hb, generator)
     optimizer.zero_grad(set_to_none=True)
     out.loss.backward()
@@ -192,14 +206,19 @@ def train_step(
     return metrics
 
 
+def prepare_examples(target, head: DraftHead, batch: Sequence[Example], max_length: int | None = None) -> HeadBatch:
+    """Pad a batch and run the frozen target over it (`losses.prepare_batch`)."""
+    ids, attn, loss_mask = collate(batch, max_length)
+    return prepare_batch(target, head, ids, attn, loss_mask)
+
+
 @torch.no_grad()
 def agreement(
     head: DraftHead, target, batch: Sequence[Example], depth: int = 5, max_length: int | None = None
 ) -> Agreement:
     """Top-1 agreement of the head's drafts with the target at depths 1..depth on one batch, drafted
     the way the engine drafts (a chain for EAGLE-3 / EAGLE, one forward for P-EAGLE)."""
-    ids, attn, loss_mask = collate(batch, max_length)
-    hb = prepare_batch(target, head, ids, attn, loss_mask)
+    hb = prepare_examples(target, head, batch, max_length)
     if head.method == "peagle":
         return peagle_agreement(head, hb, depth)
     return chain_agreement(head, hb, depth)
@@ -260,8 +279,25 @@ def fit(
     bar = tqdm(total=total_steps, disable=not progress, desc=f"fit {head.method}")
     step = 0
     done = False
-    for _epoch in range(config.epochs):
-        for batch in iterate_batches(train, config.batch_size, generator):
+    fixed: list[list[Example]] = []
+    prepared: dict[int, HeadBatch] = {}
+
+    def epoch_batches(epoch: int) -> Iterator[list[Example] | HeadBatch]:
+        if not config.cache_target:
+            yield from iterate_batches(train, config.batch_size, generator)
+            return
+        if epoch == 0:
+            fixed.extend(iterate_batches(train, config.batch_size, generator))
+            order = range(len(fixed))
+        else:
+            order = torch.randperm(len(fixed), generator=generator).tolist()
+        for index in order:
+            if index not in prepared:
+                prepared[index] = prepare_examples(target, head, fixed[index], config.max_length)
+            yield prepared[index]
+
+    for epoch in range(config.epochs):
+        for batch in epoch_batches(epoch):
             metrics = train_step(head, target, batch, optimizer, scheduler, config, generator)
             step += 1
             metrics["step"] = step

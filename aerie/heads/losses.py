@@ -223,46 +223,101 @@ def _grid(hb: HeadBatch, preds: list[torch.Tensor]) -> Agreement:
 # ---- EAGLE-3 training-time test (and the sequential unroll all chain heads share) --------------
 
 
-def ttt_mask(valid: torch.Tensor, step: int) -> torch.Tensor:
-    """[B, 1, n, (step+1) n] bool: step-0 keys causally (padding hidden), then for each step
-    1..step the key of the same row only."""
+def ttt_mask(valid: torch.Tensor, step: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The training-time-test mask for unrolled step `step`: queries are the head-frame rows
+    `rows` [B, m] (all n rows when None); keys are the n step-0 keys, then m keys per step 1..step.
+    A query sees the step-0 keys of its own and earlier rows (padding hidden) and, from each later
+    step, only its own key. [B, 1, m, n + step * m] bool."""
     batch, n = valid.shape
     device = valid.device
-    causal = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
-    blocks = [causal[None] & valid[:, None, :]]
-    eye = torch.eye(n, dtype=torch.bool, device=device)[None].expand(batch, n, n)
+    if rows is None:
+        rows = torch.arange(n, device=device).expand(batch, n)
+    m = rows.shape[1]
+    columns = torch.arange(n, device=device)
+    blocks = [(columns[None, None, :] <= rows[:, :, None]) & valid[:, None, :]]
+    eye = torch.eye(m, dtype=torch.bool, device=device)[None].expand(batch, m, m)
     blocks += [eye] * step
     return torch.cat(blocks, dim=-1)[:, None]
 
 
-def unroll(head: DraftHead, hb: HeadBatch, steps: int):
-    """The chain a head drafts from every row at once: `steps` forwards through one ListCache.
-    Yields (k, HeadOutput) for k = 0..steps-1."""
-    cache = ListCache(head.num_layers)
-    hidden = None
+def active_rows(loss_mask: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows whose chain of `steps` drafts reaches a counted row: ([B, m] row indices in ascending
+    order, [B, m] bool which of them are needed; the rest pad short rows). Steps >= 1 of the
+    training-time test only need these rows, so prompts cost one step, not `steps`."""
+    need = torch.zeros_like(loss_mask)
     for k in range(steps):
-        ids = shift_left(hb.input_ids, k, 0)
-        positions = hb.position_ids + k
-        mask = ttt_mask(hb.valid, k)
-        if k == 0:
-            out = head(ids, positions, features=hb.features, attention_mask=mask, cache=cache)
-        else:
-            out = head(ids, positions, hidden=hidden, attention_mask=mask, cache=cache)
+        need |= shift_left(loss_mask, k, False)
+    batch, n = need.shape
+    m = max(1, int(need.sum(1).max()))
+    index = torch.arange(n, device=need.device).expand(batch, n)
+    order = torch.argsort((~need).long() * n + index, dim=1)[:, :m]
+    rows = torch.sort(order, dim=1).values
+    return rows, need.gather(1, rows)
+
+
+def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x [B, n, ...] at row indices [B, m]."""
+    if x.dim() == 2:
+        return x.gather(1, rows)
+    return x.gather(1, rows[..., None].expand(-1, -1, *x.shape[2:]))
+
+
+def unroll(head: DraftHead, hb: HeadBatch, steps: int, rows: torch.Tensor | None = None):
+    """The chain a head drafts from every row at once: `steps` forwards through one ListCache.
+
+    Step 0 runs over all n rows (its keys are everybody's context); steps >= 1 over `rows` [B, m]
+    only (all rows when None; `active_rows` picks the ones a loss needs). Yields
+    (k, HeadOutput, row indices [B, m_k]) for k = 0..steps-1; step k at row j drafts the token at
+    row j + k + 1 from token x_{j+1+k} and the step k-1 hidden state of row j.
+    """
+    batch, n = hb.input_ids.shape
+    all_rows = torch.arange(n, device=hb.input_ids.device).expand(batch, n)
+    cache = ListCache(head.num_layers)
+    out = head(hb.input_ids, hb.position_ids, features=hb.features, attention_mask=ttt_mask(hb.valid, 0), cache=cache)
+    yield 0, out, all_rows
+    rows = all_rows if rows is None else rows
+    hidden = _take(out.hidden, rows)
+    positions = _take(hb.position_ids, rows)
+    for k in range(1, steps):
+        ids = _take(hb.input_ids, (rows + k).clamp(max=n - 1))
+        mask = ttt_mask(hb.valid, k, rows)
+        out = head(ids, positions + k, hidden=hidden, attention_mask=mask, cache=cache)
         hidden = out.hidden
-        yield k, out
+        yield k, out, rows
+
+
+def _at_step(x: torch.Tensor, rows: torch.Tensor, k: int, fill) -> torch.Tensor:
+    """x at rows + k (fill past the end)."""
+    n = x.shape[1]
+    target_rows = rows + k
+    taken = _take(x, target_rows.clamp(max=n - 1))
+    inside = target_rows < n
+    if taken.dim() > 2:
+        inside = inside[..., None]
+    return torch.where(inside, taken, torch.as_tensor(fill, dtype=taken.dtype, device=taken.device))
+
+
+def _full_grid(pred: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Predictions at `rows` scattered into [B, n] (-1 elsewhere)."""
+    full = torch.full((pred.shape[0], n), -1, dtype=pred.dtype, device=pred.device)
+    return full.scatter(1, rows, pred)
 
 
 def ttt_loss(head: DraftHead, hb: HeadBatch, steps: int = 3, decay: float = 0.8) -> LossOutput:
     """EAGLE-3 training-time test over `steps` unrolled steps, weights decay^k."""
     total = torch.zeros((), device=hb.input_ids.device)
     preds, step_losses = [], []
-    for k, out in unroll(head, hb, steps):
-        weight = shift_left(hb.loss_mask, k, False) & shift_left(hb.in_vocab, k, False)
-        ce = soft_cross_entropy(out.logits, shift_left(hb.target_logits, k, 0.0))
+    n = hb.input_ids.shape[1]
+    rows, needed = active_rows(hb.loss_mask, steps)
+    for k, out, at in unroll(head, hb, steps, rows):
+        weight = _at_step(hb.loss_mask, at, k, False) & _at_step(hb.in_vocab, at, k, False)
+        if k > 0:
+            weight = weight & needed
+        ce = soft_cross_entropy(out.logits, _at_step(hb.target_logits, at, k, 0.0))
         step = _masked_mean(ce, weight)
         total = total + (decay**k) * step
         step_losses.append(float(step.detach()))
-        preds.append(head.draft_to_target(out.logits.detach().argmax(-1)))
+        preds.append(_full_grid(head.draft_to_target(out.logits.detach().argmax(-1)), at, n))
     return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
 
 
@@ -279,22 +334,30 @@ def eagle_loss(
         raise ValueError("the EAGLE loss needs next_features (prepare the batch with features='last')")
     total = torch.zeros((), device=hb.input_ids.device)
     preds, step_losses = [], []
-    for k, out in unroll(head, hb, steps):
-        mask = shift_left(hb.loss_mask, k, False)
-        goal = shift_left(hb.next_features, k, 0.0).to(out.hidden.dtype)
+    n = hb.input_ids.shape[1]
+    rows, needed = active_rows(hb.loss_mask, steps)
+    for k, out, at in unroll(head, hb, steps, rows):
+        mask = _at_step(hb.loss_mask, at, k, False)
+        if k > 0:
+            mask = mask & needed
+        goal = _at_step(hb.next_features, at, k, 0.0).to(out.hidden.dtype)
         vloss = _masked_mean(F.smooth_l1_loss(out.hidden, goal, reduction="none").mean(-1), mask)
-        ploss = _masked_mean(soft_cross_entropy(out.logits, shift_left(hb.target_logits, k, 0.0)), mask)
+        ploss = _masked_mean(soft_cross_entropy(out.logits, _at_step(hb.target_logits, at, k, 0.0)), mask)
         step = feature_weight * vloss + token_weight * ploss
         total = total + (decay**k) * step
         step_losses.append(float(step.detach()))
-        preds.append(head.draft_to_target(out.logits.detach().argmax(-1)))
+        preds.append(_full_grid(head.draft_to_target(out.logits.detach().argmax(-1)), at, n))
     return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
 
 
 @torch.no_grad()
 def chain_agreement(head: DraftHead, hb: HeadBatch, depth: int) -> Agreement:
     """Agreement of a sequentially drafting head (EAGLE-3, EAGLE) at depths 1..depth."""
-    preds = [head.draft_to_target(out.logits.argmax(-1)) for _, out in unroll(head, hb, depth)]
+    n = hb.input_ids.shape[1]
+    rows, _ = active_rows(hb.loss_mask, depth)
+    preds = [
+        _full_grid(head.draft_to_target(out.logits.argmax(-1)), at, n) for _, out, at in unroll(head, hb, depth, rows)
+    ]
     return _grid(hb, preds)
 
 

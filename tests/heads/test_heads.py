@@ -11,10 +11,12 @@ from aerie.heads import EagleHead, PEagleHead, new_head
 from aerie.heads.layers import ListCache, causal_mask
 from aerie.heads.losses import (
     PEagleElements,
+    active_rows,
     peagle_forward,
     peagle_grid,
     peagle_mask,
     prepare_batch,
+    shift_left,
     ttt_mask,
     unroll,
 )
@@ -91,8 +93,7 @@ def test_cache_path_equals_no_cache_path(target, method):
         full = head(ids, pos, features=feats)
         cache = ListCache(head.num_layers)
         steps = [
-            head(ids[:, i : i + 1], pos[:, i : i + 1], features=feats[:, i : i + 1], cache=cache)
-            for i in range(9)
+            head(ids[:, i : i + 1], pos[:, i : i + 1], features=feats[:, i : i + 1], cache=cache) for i in range(9)
         ]
     logits = torch.cat([s.logits for s in steps], dim=1)
     hidden = torch.cat([s.hidden for s in steps], dim=1)
@@ -167,7 +168,7 @@ def test_ttt_unroll_equals_cached_chain_drafting(target, method):
     hb = prepare_batch(target, head, ids, attn, loss)
     steps = 4
     with torch.no_grad():
-        unrolled = [out for _, out in unroll(head, hb, steps)]
+        unrolled = [out for _, out, _ in unroll(head, hb, steps)]
         for b, j in [(0, 2), (0, 9), (1, 6)]:
             cache = ListCache(head.num_layers)
             out = head(
@@ -184,6 +185,36 @@ def test_ttt_unroll_equals_cached_chain_drafting(target, method):
                 out = head(tok, p, hidden=hidden, cache=cache)
                 torch.testing.assert_close(out.logits[0, 0], unrolled[k].logits[b, j], atol=1e-5, rtol=1e-5)
                 hidden = out.hidden
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle"])
+def test_unroll_on_active_rows_matches_all_rows(target, method):
+    """Steps >= 1 computed only on the rows a loss needs give the same drafts there."""
+    head = make_head(target, method)
+    ids, attn, loss = random_batch(batch=3, length=20, seed=6)
+    hb = prepare_batch(target, head, ids, attn, loss)
+    rows, needed = active_rows(hb.loss_mask, 3)
+    assert rows.shape[1] < hb.input_ids.shape[1]
+    need = hb.loss_mask | shift_left(hb.loss_mask, 1, False) | shift_left(hb.loss_mask, 2, False)
+    assert int(needed.sum()) == int(need.sum())
+    with torch.no_grad():
+        full = [out for _, out, _ in unroll(head, hb, 3)]
+        part = [(out, at) for _, out, at in unroll(head, hb, 3, rows)]
+    for k in range(3):
+        out, at = part[k]
+        for b in range(3):
+            for i in range(at.shape[1]):
+                if k == 0 or bool(needed[b, i]):
+                    j = int(at[b, i])
+                    torch.testing.assert_close(out.logits[b, i], full[k].logits[b, j], atol=1e-5, rtol=1e-5)
+
+
+def test_ttt_mask_on_row_subset():
+    valid = torch.tensor([[True, True, True, True]])
+    rows = torch.tensor([[1, 3]])
+    m = ttt_mask(valid, 1, rows)[0, 0].int()
+    expected = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 1, 0, 1]])
+    assert torch.equal(m, expected)
 
 
 def test_peagle_mask_pattern():
@@ -234,9 +265,7 @@ def test_peagle_training_forward_equals_parallel_drafting(target):
             for d in range(k):
                 if a + d >= int(hb.valid[b].sum()):
                     continue
-                e = int(
-                    ((elements.anchor[b] == a) & (elements.depth[b] == d) & elements.present[b]).nonzero()
-                )
+                e = int(((elements.anchor[b] == a) & (elements.depth[b] == d) & elements.present[b]).nonzero())
                 torch.testing.assert_close(out.logits[b, e], drafted[d], atol=1e-5, rtol=1e-5)
         last = head.parallel_inputs_last(hb.input_ids[:, 3], hb.features[:, 3], hb.position_ids[:, 3], k)
         assert last[0].shape == (2, k) and last[2].shape == (2, k, head.config.feature_size)

@@ -27,9 +27,7 @@ def greedy_examples(target, count=6, prompt_len=6, reply_len=26, seed=0):
 def test_loss_decreases_on_tiny_overfit(sharp_target, method):
     target = sharp_target
     data = greedy_examples(target, count=4)
-    config = TrainConfig(
-        epochs=40, batch_size=4, lr=3e-3, ttt_steps=2, peagle_depths=3, warmup_ratio=0.1, eval_depth=3
-    )
+    config = TrainConfig(epochs=40, batch_size=4, lr=3e-3, ttt_steps=2, peagle_depths=3, warmup_ratio=0.1, eval_depth=3)
     head, result = train_head(target, method, data, data, config, draft_vocab_size=128, progress=False)
     first = sum(h["loss"] for h in result.history[:3]) / 3
     last = sum(h["loss"] for h in result.history[-3:]) / 3
@@ -112,12 +110,8 @@ def test_train_step_through_objective_wrapper(sharp_target):
 
     data = greedy_examples(sharp_target, count=2, seed=3)
     config = TrainConfig(batch_size=2, ttt_steps=2)
-    a, _ = train_head(
-        sharp_target, "eagle3", data, None, TrainConfig(epochs=0), draft_vocab_size=64, progress=False
-    )
-    b, _ = train_head(
-        sharp_target, "eagle3", data, None, TrainConfig(epochs=0), draft_vocab_size=64, progress=False
-    )
+    a, _ = train_head(sharp_target, "eagle3", data, None, TrainConfig(epochs=0), draft_vocab_size=64, progress=False)
+    b, _ = train_head(sharp_target, "eagle3", data, None, TrainConfig(epochs=0), draft_vocab_size=64, progress=False)
     opt_a, _ = make_optimizer(a, config, 4)
     opt_b, _ = make_optimizer(b, config, 4)
     ma = train_step(a, sharp_target, data, opt_a, None, config)
@@ -125,3 +119,16 @@ def test_train_step_through_objective_wrapper(sharp_target):
     assert ma["loss"] == mb["loss"]
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
+
+
+def test_cached_target_outputs(target):
+    """Caching the target's outputs changes nothing in the first epoch and trains on after."""
+    data = greedy_examples(target, count=6, seed=4)
+    plain = TrainConfig(epochs=1, batch_size=2, ttt_steps=2)
+    cached = TrainConfig(epochs=1, batch_size=2, ttt_steps=2, cache_target=True)
+    _, ra = train_head(target, "eagle3", data, None, plain, draft_vocab_size=64, progress=False)
+    _, rb = train_head(target, "eagle3", data, None, cached, draft_vocab_size=64, progress=False)
+    assert [h["loss"] for h in ra.history] == [h["loss"] for h in rb.history]
+    two = TrainConfig(epochs=2, batch_size=2, ttt_steps=2, cache_target=True)
+    _, rc = train_head(target, "peagle", data, None, two, draft_vocab_size=64, progress=False)
+    assert rc.steps == 6
