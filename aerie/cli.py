@@ -21,6 +21,11 @@ def tiny_target(
     steps: Annotated[int | None, typer.Option(help="Optimizer steps; overrides --minutes.")] = None,
 ) -> None:
     """Build the tiny default target (tokenizer + small model trained on the stdlib source); cached."""
+    import os
+
+    # Idle OpenMP threads sleep instead of spinning: on a shared 2-core box, spinning made each
+    # step 5-15x slower (a spinning thread holds the core its partner needs). Set before torch loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from aerie.target.tiny import ARCHS, build_tiny_target
 
     if arch not in ARCHS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -87,6 +88,16 @@ def test_partial_build_is_rebuilt(built: Path, tmp_path: Path) -> None:
     tiny.build_tiny_target(partial, seed=1, **QUICK)
     assert (partial / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
     assert not list(tmp_path.glob(".partial.tmp-*"))
+
+
+def test_killed_builds_leave_no_orphans(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(tiny, "_build", lambda *args: {})
+    out = tmp_path / "t"
+    dead, alive = tmp_path / ".t.tmp-999999999-1", tmp_path / f".t.tmp-{os.getpid()}-1"
+    dead.mkdir()
+    alive.mkdir()
+    tiny.build_tiny_target(out, seed=1, **QUICK)
+    assert not dead.exists() and alive.exists()
 
 
 def test_refuses_to_replace_a_foreign_dir(tmp_path: Path) -> None:
