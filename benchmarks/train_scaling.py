@@ -17,6 +17,7 @@
 4. Every exported head passes the engine's greedy losslessness check (equal to `--method none`).
 
 Writes `<out>/results.json`. The machine is shared: the 1-minute load average is recorded per run.
+Runs are named by their tag, so an interrupted benchmark resumes its runs (`--fresh` starts over).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -70,12 +72,14 @@ def run(args, data: Path, method: str, workers: int, steps: int, eval_every: int
     from train_jobs.fit_heads import run_fit
 
     root = Path(args.out) / "runs"
+    if args.fresh and (root / tag).exists():
+        shutil.rmtree(root / tag)
     cfg = load_config(
         data=str(data), target=args.target, method=method, out=str(Path(args.out) / "heads" / tag),
-        storage=str(root), name=f"{tag}-{int(time.time())}", draft_vocab_size=args.draft_vocab, k=args.k,
+        storage=str(root), name=tag, draft_vocab_size=args.draft_vocab, k=args.k,
         epochs=1000, max_steps=steps, batch_size=args.batch_size, lr=args.lr, ttt_steps=args.ttt_steps,
         peagle_depths=args.k, num_layers=2 if method == "peagle" else None, eval_every=eval_every,
-        checkpoint_every=max(steps, 1), eval_max_examples=args.eval_examples, report_every=10,
+        checkpoint_every=max(eval_every, 32), eval_max_examples=args.eval_examples, report_every=10,
         workers=workers, threads_per_worker=2 // workers, cpus_per_worker=0.5, seed=args.seed, progress=False,
     )
     load = os.getloadavg()[0]
@@ -130,6 +134,8 @@ def main() -> None:
     parser.add_argument("--draft-vocab", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", default="", help="comma list of parts to skip: throughput,bar")
+    parser.add_argument("--fresh", action="store_true", help="start every run over (default: an interrupted "
+                        "run resumes from its checkpoint, a finished one is reported again)")
     args = parser.parse_args()
     os.environ.update(ENV)
     args.target = str(Path(args.target).resolve())
@@ -157,7 +163,11 @@ def main() -> None:
             ("peagle", 2, args.bar_steps, args.eval_every, "bar-peagle-w2"),
             ("eagle3", 1, 2 * args.bar_steps, 2 * args.eval_every, "bar-eagle3-w1"),  # same examples per eval
         ]
+    done = {r["tag"] for r in results["runs"]}
     for method, workers, steps, eval_every, tag in plan:
+        if tag in done and not args.fresh:
+            print(f"{tag}: in {path} already (--fresh to run it again)")
+            continue
         result = {"tag": tag, **run(args, data, method, workers, steps, eval_every, tag)}
         results["runs"] = [r for r in results["runs"] if r["tag"] != tag] + [result]
         path.write_text(json.dumps(results, indent=2))

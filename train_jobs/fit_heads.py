@@ -342,7 +342,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             "attempt_start_step": start_step,
             "resumes": state.metrics.get("resumes", 0),
         }
-        if eval_due and eval_examples:
+        if eval_due and eval_examples and last_eval.get("eval_step") != state.step:
             last_eval = _sharded_eval(head, target, eval_examples, tc, rank, world, comm)
             last_eval["eval_step"] = state.step
         metrics.update(last_eval)
@@ -419,7 +419,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         state.batch_in_epoch = 0
         if state.epoch >= cfg.epochs:
             break
-        report(checkpoint_due=state.step != last_checkpoint_step, eval_due=True)
+        fresh_checkpoint = state.step != last_checkpoint_step
+        if fresh_checkpoint or last_eval.get("eval_step") != state.step:
+            report(checkpoint_due=fresh_checkpoint, eval_due=True)
     state.finished = True
     report(checkpoint_due=True, eval_due=True)
     if bar is not None:

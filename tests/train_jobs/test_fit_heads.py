@@ -96,6 +96,7 @@ def test_worker_failure_restores_from_checkpoint_on_s3(baseline, ray_local, s3_b
     )
     summary = run_fit(cfg)
     metrics = summary["metrics"]
+    print({k: (round(base["metrics"][k], 4), round(metrics[k], 4)) for k in ("eval_acc_1", "eval_tau", "eval_loss")})
     assert metrics["resumes"] == 1 and metrics["attempt_start_step"] == 20
     assert summary["steps"] == base["steps"]
     assert abs(metrics["eval_acc_1"] - base["metrics"]["eval_acc_1"]) <= 0.05
