@@ -55,10 +55,12 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.0
     warmup_ratio: float = 0.05
+    warmup_steps: int | None = None  # overrides warmup_ratio
     min_lr_ratio: float = 0.05
     grad_clip: float = 0.5
     max_steps: int | None = None  # stop early (the cosine schedule still spans max_steps)
-    max_seconds: float | None = None  # wall-clock budget; the schedule assumes all steps run
+    max_seconds: float | None = None  # time budget; the cosine follows it (not deterministic)
+    clock: str = "wall"  # what max_seconds counts: "wall" or "cpu" (this process's CPU time)
     cache_target: bool = False  # keep the target's outputs of every batch in memory across epochs
     # EAGLE-3 training-time test (SpecForge / EAGLE-3 unroll 7, speculators 3)
     ttt_steps: int = 3
@@ -124,16 +126,25 @@ def draft_vocab_from_examples(
     return build_draft_vocab(counts, draft_vocab_size, always_include)
 
 
-def make_optimizer(head: DraftHead, config: TrainConfig, total_steps: int):
-    """AdamW over the trainable parameters, linear warmup then cosine decay to min_lr_ratio."""
+def make_optimizer(
+    head: DraftHead,
+    config: TrainConfig,
+    total_steps: int,
+    time_used: Callable[[], float] | None = None,
+):
+    """AdamW over the trainable parameters, linear warmup then cosine decay to min_lr_ratio.
+    `time_used` (the fraction of a wall-clock budget spent) makes the cosine follow whichever of
+    steps and time runs out first."""
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
-    warmup = max(1, int(round(config.warmup_ratio * total_steps)))
+    warmup = config.warmup_steps or max(1, int(round(config.warmup_ratio * total_steps)))
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
         progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if time_used is not None:
+            progress = max(progress, min(1.0, time_used()))
         return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -253,6 +264,7 @@ class FitResult:
     eval: dict[str, float] = field(default_factory=dict)
     steps: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 def fit(
@@ -273,9 +285,20 @@ def fit(
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
-    optimizer, scheduler = make_optimizer(head, config, total_steps)
+    if config.clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {config.clock!r}")
+    clock = time.monotonic if config.clock == "wall" else time.process_time
+    start, cpu_start = time.monotonic(), time.process_time()
+    budget_start = clock()
+    time_used = None
+    if config.max_seconds:
+        budget = config.max_seconds
+
+        def time_used() -> float:
+            return (clock() - budget_start) / budget
+
+    optimizer, scheduler = make_optimizer(head, config, total_steps, time_used)
     result = FitResult()
-    start = time.monotonic()
     bar = tqdm(total=total_steps, disable=not progress, desc=f"fit {head.method}")
     step = 0
     done = False
@@ -306,7 +329,7 @@ def fit(
                 callback(step, metrics)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc1=f"{metrics.get('acc_1', 0.0):.3f}")
-            elapsed = time.monotonic() - start
+            elapsed = clock() - budget_start
             if step >= total_steps or (config.max_seconds is not None and elapsed >= config.max_seconds):
                 done = True
                 break
@@ -315,6 +338,7 @@ def fit(
     bar.close()
     result.steps = step
     result.seconds = time.monotonic() - start
+    result.cpu_seconds = time.process_time() - cpu_start
     if eval_examples:
         result.eval = evaluate(
             head, target, eval_examples, config.eval_depth, config.eval_batch_size, config.max_length
