@@ -132,3 +132,11 @@ def test_cached_target_outputs(target):
     two = TrainConfig(epochs=2, batch_size=2, ttt_steps=2, cache_target=True)
     _, rc = train_head(target, "peagle", data, None, two, draft_vocab_size=64, progress=False)
     assert rc.steps == 6
+
+
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_time_budget_stops_training(target, clock):
+    data = greedy_examples(target, count=4, seed=5)
+    config = TrainConfig(epochs=100, batch_size=2, ttt_steps=2, max_seconds=1e-6, clock=clock)
+    _, result = train_head(target, "eagle3", data, None, config, draft_vocab_size=64, progress=False)
+    assert result.steps == 1 and result.cpu_seconds > 0
