@@ -265,6 +265,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("AERIE_CACHE", Path.home() / ".cache" / "aerie")).expanduser()
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".h5", ".msgpack")
+
+
+def download_model_files(uri: str | os.PathLike[str]) -> Path:
+    """A model directory's config, tokenizer and generation config, without its weight files."""
+    return download(uri, skip_suffixes=WEIGHT_SUFFIXES)
+
+
 def download(
     uri: str | os.PathLike[str],
     local_dir: str | os.PathLike[str] | None = None,

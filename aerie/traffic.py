@@ -274,7 +274,7 @@ def _load_tokenizer(target: str | None) -> Any:
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(storage.download(target)))
+        return AutoTokenizer.from_pretrained(str(storage.download_model_files(target)))
     except (OSError, ValueError):
         return None
 

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from aerie import storage
 from aerie.features import DTYPES, FORMAT, INDEX, compute_features, feature_kind, pack_shard
-from pipelines.ingest import WEIGHT_SUFFIXES, data_context, format_validation_error
+from pipelines.ingest import data_context, format_validation_error
 
 SPLITS = ("train", "eval")
 TOKEN_COLUMNS = ["id", "input_ids", "loss_mask"]
@@ -216,7 +216,7 @@ def run_featurize(cfg: FeaturizeConfig) -> dict[str, Any]:
 def _target_shape(target: str) -> tuple[int, int, str]:
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(storage.download(target, skip_suffixes=WEIGHT_SUFFIXES)))
+    config = AutoConfig.from_pretrained(str(storage.download_model_files(target)))
     text = config.get_text_config()
     return int(text.hidden_size), int(text.num_hidden_layers), str(config.model_type)
 

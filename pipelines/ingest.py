@@ -64,7 +64,6 @@ from pipelines.regenerate import RegenerateConfig, regenerate
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz")
 BAD_GZIP = "bad_gzip"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".h5", ".msgpack")
 
 PARSED_SCHEMA = pa.schema(
     [
@@ -466,7 +465,7 @@ def data_context(progress: bool = True) -> Iterator[ray.data.DataContext]:
 def load_tokenizer(target: str) -> Any:
     from transformers import AutoTokenizer
 
-    local = storage.download(target, skip_suffixes=WEIGHT_SUFFIXES)  # the tokenizer only
+    local = storage.download_model_files(target)
     tok = AutoTokenizer.from_pretrained(str(local))
     if not getattr(tok, "chat_template", None):
         raise ValueError(f"the tokenizer in {target} has no chat template")

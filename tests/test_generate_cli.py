@@ -31,7 +31,8 @@ def eagle3_head_dir(tiny_target_dir, tmp_path_factory) -> Path:
 
 
 def test_json_lines_match_the_contract_and_hf_greedy(tiny_target_dir):
-    lines = run_cli("--target", str(tiny_target_dir), *sum((["--prompt", p] for p in PROMPTS), []), "--max-tokens", "12")
+    prompt_flags = [flag for prompt in PROMPTS for flag in ("--prompt", prompt)]
+    lines = run_cli("--target", str(tiny_target_dir), *prompt_flags, "--max-tokens", "12")
     assert [line["prompt"] for line in lines] == PROMPTS
     target = load_target(tiny_target_dir)
     for line in lines:

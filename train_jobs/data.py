@@ -117,7 +117,7 @@ def train_dataset(data: str, seed: int = 0):
     uri = split_uri(data, "train")
     columns = read_columns(uri)
     fs, path = storage.resolve(uri)
-    ds = ray.data.read_parquet(path, filesystem=fs, columns=columns)
+    ds = ray.data.read_parquet(path, filesystem=fs).select_columns(columns)
     ds = ds.map_batches(select_rows, batch_format="pyarrow", batch_size=None)
     return ds.randomize_block_order(seed=seed)
 

@@ -58,7 +58,6 @@ from train_jobs.checkpoints import (
 )
 from train_jobs.config import FIELDS, ConfigError, FitConfig, flag, load_config
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".h5", ".msgpack")
 FORWARDED_ENV = (
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
@@ -78,11 +77,6 @@ class InjectedFailure(RuntimeError):
 # ============================================================================ shared helpers
 
 
-def local_copy(uri: str, skip_suffixes: tuple[str, ...] = ()) -> Path:
-    """A local directory for a local path or s3:// prefix (downloaded to the aerie cache)."""
-    return storage.download(uri, skip_suffixes=skip_suffixes)
-
-
 def target_info(target: str) -> dict[str, Any]:
     """Vocabulary size, stop tokens and the default P-EAGLE placeholder of a target, from its config
     and tokenizer only (no weights)."""
@@ -92,7 +86,7 @@ def target_info(target: str) -> dict[str, Any]:
 
     from aerie.heads.config import default_mask_token_id
 
-    local = local_copy(target, WEIGHT_SUFFIXES)
+    local = storage.download_model_files(target)
     vocab_size = int(AutoConfig.from_pretrained(local).get_text_config().vocab_size)
     stops: set[int] = set()
     try:
@@ -251,7 +245,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         torch.set_num_threads(cfg.threads_per_worker)
     device = ray.train.torch.get_device()
     comm = _Comm(device)
-    target = load_target(str(local_copy(cfg.target)), device=device)
+    target = load_target(str(storage.download(cfg.target)), device=device)
 
     # ---- the head: from the last checkpoint, the warm-start head, or new
     head, loaded = _restore(ray.train.get_checkpoint(), target, rank)
@@ -266,7 +260,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             raise ValueError(f"run {cfg.run_name} holds a {head.method} head, the config asks for {cfg.method}")
         state.metrics["resumes"] = state.metrics.get("resumes", 0) + 1
     elif cfg.warm_start:
-        head = load_head(str(local_copy(cfg.warm_start)), target)
+        head = load_head(str(storage.download(cfg.warm_start)), target)
         if head.method != cfg.method:
             raise ValueError(f"--warm-start {cfg.warm_start} is a {head.method} head, not {cfg.method}")
     else:

@@ -10,6 +10,8 @@ Keys are stored after RoPE. The mask is boolean, `[B, 1, q, kv]`, True = attend.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,15 +30,18 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+@lru_cache(maxsize=8)
+def _inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):  # a cached inference tensor would be off limits to training
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+
+
 def rope_cos_sin(
     position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary tables for `position_ids` [B, q]: cos, sin of shape [B, q, head_dim] (the
     half-rotation layout Llama uses in Hugging Face and vLLM's neox style)."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
-    )
-    freqs = position_ids.float()[..., None] * inv_freq
+    freqs = position_ids.float()[..., None] * _inv_freq(head_dim, theta, position_ids.device)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -99,11 +104,13 @@ class Attention(nn.Module):
                 raise ValueError(f"attention_mask is {tuple(mask.shape)}, expected [B, 1, {q}, {kv}]")
             # A query that sees nothing (padding) would give NaN; let it see everything instead.
             mask = mask | ~mask.any(dim=-1, keepdim=True)
-        if self.kv_heads != self.num_heads:
-            repeat = self.num_heads // self.kv_heads
-            key = key.repeat_interleave(repeat, dim=1)
-            value = value.repeat_interleave(repeat, dim=1)
-        out = F.scaled_dot_product_attention(query, key.to(query.dtype), value.to(query.dtype), attn_mask=mask)
+        out = F.scaled_dot_product_attention(
+            query,
+            key.to(query.dtype),
+            value.to(query.dtype),
+            attn_mask=mask,
+            enable_gqa=self.kv_heads != self.num_heads,
+        )
         return self.o_proj(out.transpose(1, 2).reshape(batch, q, self.num_heads * self.head_dim))
 
 

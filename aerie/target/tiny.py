@@ -54,7 +54,10 @@ CHAT_TEMPLATE = (
 
 SEQ_LEN = 256
 BATCH_SIZE = 8  # best tokens/s on 2 cores (4: -7 %, 16: -25 %)
-STEPS_PER_MINUTE = 220  # measured: 0.26 s per step of 8 x 256 tokens on an idle 2-core EPYC
+# The budget's unit: 0.26 s per step of 8 x 256 tokens in the sweep that chose these settings. A
+# whole default build (1,100 steps) measured 0.43 s per step (4,810 tok/s) on an idle 2-core EPYC:
+# `--minutes 5` takes about 8 minutes there, tokenizer and evaluation included.
+STEPS_PER_MINUTE = 220
 LR = 2e-3  # 1e-3..3e-3 within 0.02 nats at 300 steps; 2000 x 4 at 3e-3 was 0.1 bits/byte worse
 MIN_LR_RATIO = 0.1
 WARMUP_FRACTION = 0.05
