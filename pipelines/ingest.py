@@ -39,14 +39,11 @@ counted in ``regeneration_failed``; a prompt that leaves no room for a reply cou
 from __future__ import annotations
 
 import argparse
-import base64
-import gzip
 import hashlib
 import json
 import os
 import sys
 import time
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -58,57 +55,17 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aerie import storage
-from aerie.formats import ChatEncoder, RecordError, parse_line
+from aerie.formats import ChatEncoder
 from aerie.formats.chat import STATUS_OK, STATUS_TOO_LONG
+from aerie.formats.tables import (
+    encode_rows,
+    parse_files,
+    quarantine_from_encode,
+    quarantine_from_parse,
+)
 from pipelines.regenerate import RegenerateConfig, regenerate
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz")
-BAD_GZIP = "bad_gzip"
-
-PARSED_SCHEMA = pa.schema(
-    [
-        ("ok", pa.bool_()),
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-        ("raw", pa.binary()),
-        ("source", pa.string()),
-        ("line", pa.int64()),
-        ("id", pa.string()),
-        ("timestamp", pa.string()),
-        ("format", pa.string()),
-        ("kind", pa.string()),
-        ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-        ("reply", pa.string()),
-        ("has_reply", pa.bool_()),
-        ("params", pa.string()),
-        ("content_key", pa.string()),
-    ]
-)
-RECORD_COLUMNS = ["id", "source", "line", "timestamp", "format", "kind", "messages", "reply", "has_reply",
-                  "params", "content_key"]
-TOKEN_FIELDS = [
-    ("input_ids", pa.list_(pa.int32())),
-    ("loss_mask", pa.list_(pa.int8())),
-    ("num_tokens", pa.int32()),
-    ("num_loss_tokens", pa.int32()),
-    ("prompt_tokens", pa.int32()),
-    ("status", pa.string()),
-    ("detail", pa.string()),
-    ("split", pa.string()),
-]
-QUARANTINE_SCHEMA = pa.schema(
-    [
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-        ("stage", pa.string()),
-        ("source", pa.string()),
-        ("line", pa.int64()),
-        ("id", pa.string()),
-        ("raw", pa.string()),
-        ("raw_base64", pa.string()),
-    ]
-)
-
 
 class IngestConfig(BaseModel):
     """Validated ingest settings; a bad value raises ``ValidationError`` naming the field."""
@@ -153,62 +110,10 @@ def format_validation_error(err: ValidationError) -> str:
 # ----------------------------------------------------------------------------- stage UDFs
 
 
-def _split_of(rid: str, eval_fraction: float) -> str:
-    if eval_fraction <= 0:
-        return "train"
-    h = int.from_bytes(hashlib.blake2b(rid.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
-    return "eval" if h / 2.0**64 < eval_fraction else "train"
-
-
 def read_and_parse_files(batch: pa.Table, *, filesystem: Any, max_line_bytes: int) -> pa.Table:
-    """``{path, uri}`` rows (one per input file) -> one parsed row per non-blank line.
-
-    Files are read as raw bytes (``compression=None``) and ``.gz`` ones decompressed here, so a
-    corrupt archive becomes one quarantine row instead of failing the read.
-    """
-    cols: dict[str, list[Any]] = {name: [] for name in PARSED_SCHEMA.names}
-
-    def bad(reason: str, detail: str, raw: bytes | None, source: str, line: int) -> None:
-        row = dict.fromkeys(PARSED_SCHEMA.names)
-        row.update(ok=False, reason=reason, detail=detail, raw=raw, source=source, line=line)
-        for name, value in row.items():
-            cols[name].append(value)
-
-    for path, source in zip(batch.column("path").to_pylist(), batch.column("uri").to_pylist(), strict=True):
-        with filesystem.open_input_stream(path, compression=None) as f:
-            data = f.readall()
-        if path.lower().endswith(".gz"):
-            try:
-                data = gzip.decompress(data)
-            except (OSError, EOFError, zlib.error) as e:
-                bad(BAD_GZIP, str(e)[:200], None, source, 0)
-                continue
-        for lineno, raw in enumerate(data.split(b"\n"), start=1):
-            if not raw.strip():
-                continue
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            try:
-                rec = parse_line(raw, source, lineno, max_bytes=max_line_bytes)
-            except RecordError as e:
-                bad(e.reason, e.detail, raw, source, lineno)
-                continue
-            cols["ok"].append(True)
-            cols["reason"].append(None)
-            cols["detail"].append(None)
-            cols["raw"].append(None)
-            cols["source"].append(source)
-            cols["line"].append(lineno)
-            cols["id"].append(rec.id)
-            cols["timestamp"].append(rec.timestamp)
-            cols["format"].append(rec.format)
-            cols["kind"].append(rec.kind)
-            cols["messages"].append([{"role": m.role, "content": m.content} for m in rec.messages])
-            cols["reply"].append(rec.reply)
-            cols["has_reply"].append(rec.has_reply)
-            cols["params"].append(json.dumps(rec.params, sort_keys=True) if rec.params else None)
-            cols["content_key"].append(rec.content_key())
-    return pa.table(cols, schema=PARSED_SCHEMA)
+    """``{path, uri}`` rows (one per input file) -> one parsed row per non-blank line."""
+    files = zip(batch.column("path").to_pylist(), batch.column("uri").to_pylist(), strict=True)
+    return parse_files(files, filesystem, max_line_bytes)
 
 
 _ENCODERS: dict[str, ChatEncoder] = {}
@@ -240,36 +145,9 @@ def _cached_drop(drop_ref: Any) -> dict[str, set[int]]:
 def encode_batch(
     batch: pa.Table, *, tokenizer_ref: Any, max_tokens: int, eval_fraction: float, drop_ref: Any = None
 ) -> pa.Table:
-    """Parsed rows -> encoded rows: failed parses and dropped duplicates are left out; the rest get
-    the chat template, token ids, loss mask, length status and split."""
-    keep = pc.fill_null(batch.column("ok"), False)
-    drop = _cached_drop(drop_ref)
-    if drop:
-        sources, lines = batch.column("source").to_pylist(), batch.column("line").to_pylist()
-        flags = [not (src in drop and line in drop[src]) for src, line in zip(sources, lines, strict=True)]
-        keep = pc.and_(keep, pa.array(flags))
-    batch = batch.filter(keep)
-    encoder = _cached_encoder(tokenizer_ref, max_tokens)
-    messages = batch.column("messages").to_pylist()
-    replies = batch.column("reply").to_pylist()
-    ids = batch.column("id").to_pylist()
-    encoded = encoder.encode_batch(list(zip(messages, replies, strict=True)))
-    input_ids, masks, n_tok, n_loss, n_prompt, status, detail, split = [], [], [], [], [], [], [], []
-    for rid, enc in zip(ids, encoded, strict=True):
-        ok = enc.status == STATUS_OK
-        input_ids.append(enc.input_ids if ok else [])
-        masks.append(enc.loss_mask if ok else [])
-        n_tok.append(len(enc.input_ids))
-        n_loss.append(sum(enc.loss_mask) if ok else 0)
-        n_prompt.append(enc.prompt_tokens)
-        status.append(enc.status)
-        detail.append(enc.detail or None)
-        split.append(_split_of(rid, eval_fraction))
-    out = batch.select(RECORD_COLUMNS)
-    values = [input_ids, masks, n_tok, n_loss, n_prompt, status, detail, split]
-    for (name, typ), vals in zip(TOKEN_FIELDS, values, strict=True):
-        out = out.append_column(pa.field(name, typ), pa.array(vals, type=typ))
-    return out
+    """Parsed rows -> encoded rows (:func:`aerie.formats.tables.encode_rows`), with the tokenizer
+    and the duplicate list fetched once per worker process."""
+    return encode_rows(batch, _cached_encoder(tokenizer_ref, max_tokens), eval_fraction, _cached_drop(drop_ref))
 
 
 def _where(column: str, value: Any, *, negate: bool = False):
@@ -280,57 +158,6 @@ def _where(column: str, value: Any, *, negate: bool = False):
 
     fn.__name__ = f"where_{column}_{'not_' if negate else ''}{value}"
     return fn
-
-
-def _quarantine_from_parse(batch: pa.Table) -> pa.Table:
-    raws = batch.column("raw").to_pylist()
-    text, b64 = [], []
-    for raw in raws:
-        if raw is None:
-            text.append(None)
-            b64.append(None)
-            continue
-        try:
-            text.append(raw.decode("utf-8"))
-            b64.append(None)
-        except UnicodeDecodeError:
-            text.append(None)
-            b64.append(base64.b64encode(raw).decode("ascii"))
-    n = batch.num_rows
-    return pa.table(
-        {
-            "reason": batch.column("reason"),
-            "detail": batch.column("detail"),
-            "stage": pa.array(["parse"] * n, pa.string()),
-            "source": batch.column("source"),
-            "line": batch.column("line"),
-            "id": pa.nulls(n, pa.string()),
-            "raw": pa.array(text, pa.string()),
-            "raw_base64": pa.array(b64, pa.string()),
-        },
-        schema=QUARANTINE_SCHEMA,
-    )
-
-
-def _quarantine_from_encode(batch: pa.Table) -> pa.Table:
-    n = batch.num_rows
-    raw = [
-        json.dumps({"messages": m, "reply": r}, ensure_ascii=False)
-        for m, r in zip(batch.column("messages").to_pylist(), batch.column("reply").to_pylist(), strict=True)
-    ]
-    return pa.table(
-        {
-            "reason": batch.column("status"),
-            "detail": batch.column("detail"),
-            "stage": pa.array(["template"] * n, pa.string()),
-            "source": batch.column("source"),
-            "line": batch.column("line"),
-            "id": batch.column("id"),
-            "raw": pa.array(raw, pa.string()),
-            "raw_base64": pa.nulls(n, pa.string()),
-        },
-        schema=QUARANTINE_SCHEMA,
-    )
 
 
 def _where_status_in(values: set[str]):
@@ -539,12 +366,12 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
     for uri in (train_uri, eval_uri, quarantine_uri, manifest_uri):
         storage.delete(uri)
     quarantine = parsed.map_batches(_where("ok", True, negate=True), batch_format="pyarrow", batch_size=None)
-    quarantine = quarantine.map_batches(_quarantine_from_parse, batch_format="pyarrow", batch_size=None)
+    quarantine = quarantine.map_batches(quarantine_from_parse, batch_format="pyarrow", batch_size=None)
     if template_reasons:
         rejected = encoded.map_batches(_where_status_in(set(template_reasons)), batch_format="pyarrow",
                                        batch_size=None)
         quarantine = quarantine.union(
-            rejected.map_batches(_quarantine_from_encode, batch_format="pyarrow", batch_size=None)
+            rejected.map_batches(quarantine_from_encode, batch_format="pyarrow", batch_size=None)
         )
     if parse_reasons or template_reasons:
         quarantine.write_json(

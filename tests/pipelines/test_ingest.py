@@ -245,7 +245,7 @@ def test_every_quarantined_row_has_its_reason_and_raw_line(local_run):
 
 
 def test_written_rows_are_tokenized_masked_and_split(local_run, tokenizer_dir):
-    from pipelines.ingest import _split_of
+    from aerie.formats.tables import split_of
 
     out, manifest, _ = local_run
     train, evals = _parquet(str(out / "train")), _parquet(str(out / "eval"))
@@ -258,8 +258,8 @@ def test_written_rows_are_tokenized_masked_and_split(local_run, tokenizer_dir):
         assert len(r["input_ids"]) == len(r["loss_mask"]) == r["num_tokens"] <= MAX_TOKENS
         assert sum(r["loss_mask"]) == r["num_loss_tokens"]
         assert (r["num_loss_tokens"] > 0) == r["has_reply"] == (r["reply"] is not None)
-    assert all(_split_of(r["id"], EVAL_FRACTION) == "eval" for r in evals.to_pylist())
-    assert all(_split_of(r["id"], EVAL_FRACTION) == "train" for r in train.to_pylist())
+    assert all(split_of(r["id"], EVAL_FRACTION) == "eval" for r in evals.to_pylist())
+    assert all(split_of(r["id"], EVAL_FRACTION) == "train" for r in train.to_pylist())
     assert 0.05 < evals.num_rows / len(rows) < 0.15
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))

@@ -108,7 +108,7 @@ def test_rerun_from_the_cli_writes_the_same_rows(regen_run, small_capture, tiny_
 
 def _table(rows: list[dict]) -> pa.Table:
     """Rows back in the encoded form the regeneration stage receives."""
-    from pipelines.ingest import PARSED_SCHEMA, RECORD_COLUMNS, TOKEN_FIELDS
+    from aerie.formats.tables import PARSED_SCHEMA, RECORD_COLUMNS, TOKEN_FIELDS
 
     schema = pa.schema([PARSED_SCHEMA.field(k) for k in RECORD_COLUMNS] + [pa.field(k, t) for k, t in TOKEN_FIELDS])
     return pa.Table.from_pylist([{**r, "status": "ok", "detail": None, "split": "train"} for r in rows], schema=schema)
