@@ -13,11 +13,12 @@ from aerie.engine import EngineConfig, SamplingParams
 from aerie.engine.build import build_engine
 from aerie.engine.sampling import adjusted_probs
 from aerie.engine.verify import verify_sampled, verify_tree
-from aerie.target import Target
+from aerie.target import Target, load_target
 
 LENGTHS = [5, 23, 9, 41, 3, 17, 30, 11]
 NEW_TOKENS = 24
 CONFIG = EngineConfig(max_slots=3, max_len=128, prefill_chunk=16)
+METHODS = ("eagle3", "peagle", "eagle")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def baseline(llama_with_heads, prompts):
     return [hf_greedy(target.model, p, NEW_TOKENS) for p in prompts]
 
 
-@pytest.mark.parametrize("method", ["eagle3", "peagle", "eagle"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_speculation_equals_baseline(llama_with_heads, prompts, baseline, method, k):
     target, heads = llama_with_heads
@@ -46,12 +47,24 @@ def test_greedy_speculation_equals_baseline(llama_with_heads, prompts, baseline,
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen3_moe"])
 def test_greedy_speculation_on_other_architectures(arch, prompts):
     target = Target(random_model(arch, seed=2))
-    heads = trained_heads(target, ("eagle3", "eagle"), epochs=4)
+    heads = trained_heads(target, METHODS, epochs=4)
     expected = [hf_greedy(target.model, p, NEW_TOKENS) for p in prompts[:5]]
-    for method in ("eagle3", "eagle"):
-        engine = build_engine(target, CONFIG, method, heads[method], 3)
-        results = engine.generate(prompts[:5], SamplingParams(max_tokens=NEW_TOKENS))
-        assert [r.token_ids for r in results] == expected, method
+    for method in METHODS:
+        for k in (1, 3, 5):
+            engine = build_engine(target, CONFIG, method, heads[method], k)
+            results = engine.generate(prompts[:5], SamplingParams(max_tokens=NEW_TOKENS))
+            assert [r.token_ids for r in results] == expected, (method, k)
+
+
+def test_greedy_speculation_on_the_tiny_target(tiny_target_dir, prompts):
+    target = load_target(tiny_target_dir)
+    heads = trained_heads(target, METHODS, epochs=2)
+    params = SamplingParams(max_tokens=NEW_TOKENS)
+    expected = [r.token_ids for r in build_engine(target, CONFIG, "none").generate(prompts, params)]
+    for method in METHODS:
+        for k in (1, 3, 5):
+            results = build_engine(target, CONFIG, method, heads[method], k).generate(prompts, params)
+            assert [r.token_ids for r in results] == expected, (method, k)
 
 
 def test_seeded_speculative_sampling_is_reproducible(llama_with_heads, prompts):
@@ -64,7 +77,7 @@ def test_seeded_speculative_sampling_is_reproducible(llama_with_heads, prompts):
     assert [r.token_ids for r in first] == [r.token_ids for r in second]
 
 
-@pytest.mark.parametrize("method", ["eagle3", "peagle", "eagle"])
+@pytest.mark.parametrize("method", METHODS)
 def test_first_speculated_token_is_distributed_as_target(llama_with_heads, method):
     """The second output token is the first one a speculative step produces (chain or tree);
     its marginal over the first token's distribution must equal the target's."""
