@@ -165,8 +165,8 @@ def train(
     ] = None,
 ) -> None:
     """Fit a draft head across Ray Train workers (DDP): checkpoints, resume, export to --out."""
-    from train_jobs.config import ConfigError
-    from train_jobs.fit_heads import cli_run, parse_sets
+    from train_jobs.config import ConfigError, parse_sets
+    from train_jobs.fit_heads import cli_run
 
     flags = dict(
         data=data, target=target, method=method, out=out, workers=workers, epochs=epochs, warm_start=warm_start,

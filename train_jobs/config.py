@@ -223,3 +223,32 @@ def load_config(config_file: str | None = None, **overrides: Any) -> FitConfig:
         return FitConfig.model_validate(values)
     except ValidationError as e:
         raise ConfigError(format_errors(e)) from None
+
+
+STRING_FIELDS = frozenset({"data", "target", "method", "out", "name", "storage", "warm_start"})
+
+
+def parse_value(text: str, field: str | None = None) -> Any:
+    """A flag value as YAML: `3` -> 3, `true` -> True, `[0.9, 0.95]` -> list; paths and names stay
+    strings."""
+    import yaml
+
+    if field in STRING_FIELDS:
+        return text
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return text if isinstance(value, (dict, type(None))) else value
+
+
+def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """`key=value` pairs (--set) into overrides."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE")
+        key, value = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        out[key] = parse_value(value, key)
+    return out

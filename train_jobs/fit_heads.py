@@ -56,7 +56,7 @@ from train_jobs.checkpoints import (
     validate_checkpoint,
     write_checkpoint,
 )
-from train_jobs.config import FIELDS, ConfigError, FitConfig, flag, load_config
+from train_jobs.config import FIELDS, ConfigError, FitConfig, flag, load_config, parse_sets, parse_value
 
 FORWARDED_ENV = (
     "AWS_ENDPOINT_URL",
@@ -102,15 +102,6 @@ def target_info(target: str) -> dict[str, Any]:
         stops.add(int(tok.eos_token_id))
     like = SimpleNamespace(tokenizer=tok, vocab_size=vocab_size, stop_token_ids=sorted(stops))
     return {"vocab_size": vocab_size, "stop_token_ids": sorted(stops), "mask_token_id": default_mask_token_id(like)}
-
-
-def pick_mask_token(default: int, all_counts) -> int:
-    """The P-EAGLE placeholder (as `aerie.heads.fit.pick_mask_token`, from counts): the default
-    unless the data use it, then the token the data use least (the highest such id)."""
-    counts = torch.as_tensor(all_counts)
-    if int(counts[default]) == 0:
-        return int(default)
-    return int(torch.nonzero(counts == counts.min()).flatten()[-1])
 
 
 # ============================================================================ the worker loop
@@ -505,6 +496,7 @@ def run_fit(cfg: FitConfig) -> dict[str, Any]:
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    from aerie.heads.fit import mask_token_from_counts
     from aerie.heads.vocab import build_draft_vocab
     from train_jobs.data import data_bytes, read_eval_examples, scan_dataset, train_dataset
 
@@ -521,7 +513,9 @@ def run_fit(cfg: FitConfig) -> dict[str, Any]:
     scan = scan_dataset(ds, info["vocab_size"])
     plan = plan_steps(cfg, scan["lengths"])
     draft_vocab = None
-    mask_token_id = pick_mask_token(info["mask_token_id"], scan["all_counts"]) if cfg.method == "peagle" else None
+    mask_token_id = None
+    if cfg.method == "peagle":
+        mask_token_id = mask_token_from_counts(info["mask_token_id"], scan["all_counts"])
     if cfg.method != "eagle" and not cfg.warm_start:
         d2t, t2d = build_draft_vocab(torch.from_numpy(scan["counts"]), cfg.draft_vocab_size, info["stop_token_ids"])
         draft_vocab = (d2t, t2d)
@@ -583,35 +577,6 @@ def run_fit(cfg: FitConfig) -> dict[str, Any]:
 
 
 # ============================================================================ command lines
-
-
-STRING_FIELDS = frozenset({"data", "target", "method", "out", "name", "storage", "warm_start"})
-
-
-def parse_value(text: str, field: str | None = None) -> Any:
-    """A flag value as YAML: `3` -> 3, `true` -> True, `[0.9, 0.95]` -> list; paths and names stay
-    strings."""
-    import yaml
-
-    if field in STRING_FIELDS:
-        return text
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return text if isinstance(value, (dict, type(None))) else value
-
-
-def parse_sets(items: list[str] | None) -> dict[str, Any]:
-    """`key=value` pairs (--set) into overrides."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE")
-        key, value = item.split("=", 1)
-        key = key.strip().replace("-", "_")
-        out[key] = parse_value(value, key)
-    return out
 
 
 def cli_run(config_file: str | None, overrides: dict[str, Any]) -> int:

@@ -371,15 +371,19 @@ def train_head(
     return head, result
 
 
+def mask_token_from_counts(default: int, counts) -> int:
+    """The P-EAGLE placeholder: `default` unless the data use it (`counts`: per-token counts over
+    the vocabulary), then the token the data use least (the highest such id)."""
+    counts = torch.as_tensor(counts)
+    if int(counts[default]) == 0:
+        return int(default)
+    return int(torch.nonzero(counts == counts.min()).flatten()[-1])
+
+
 def pick_mask_token(target, examples: Sequence[Example]) -> int:
-    """The P-EAGLE placeholder: the default (`config.default_mask_token_id`) unless the data use
-    it, then the token the data use least (the highest such id)."""
-    candidate = default_mask_token_id(target)
+    """`mask_token_from_counts` with the target's default (`config.default_mask_token_id`)."""
     counts = token_counts([e.input_ids for e in examples], None, target.vocab_size)
-    if int(counts[candidate]) == 0:
-        return candidate
-    rarest = counts.min()
-    return int(torch.nonzero(counts == rarest).flatten()[-1])
+    return mask_token_from_counts(default_mask_token_id(target), counts)
 
 
 def config_dict(config: TrainConfig) -> dict:

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from aerie.cli import app
-from train_jobs.config import ConfigError, FitConfig, load_config
-from train_jobs.fit_heads import main, parse_sets
+from train_jobs.config import ConfigError, FitConfig, load_config, parse_sets
+from train_jobs.fit_heads import main
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED = {"data": "d", "target": "t", "method": "eagle3", "out": "o"}

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from aerie.heads.fit import Example
+from aerie.heads.fit import Example, mask_token_from_counts
 from train_jobs.config import load_config
 from train_jobs.data import (
     batched,
@@ -16,7 +16,7 @@ from train_jobs.data import (
     read_eval_examples,
     select_rows,
 )
-from train_jobs.fit_heads import pick_mask_token, plan_steps
+from train_jobs.fit_heads import plan_steps
 
 
 def table(rows):
@@ -70,11 +70,11 @@ def test_plan_steps():
         plan_steps(cfg, np.full(1, 10))
 
 
-def test_pick_mask_token():
+def test_mask_token_from_counts():
     counts = np.array([3, 0, 5, 1, 1])
-    assert pick_mask_token(1, counts) == 1  # unused: kept
-    assert pick_mask_token(2, counts) == 1  # used: the least used, highest id among ties
-    assert pick_mask_token(2, np.array([3, 2, 5, 1, 1])) == 4
+    assert mask_token_from_counts(1, counts) == 1  # unused: kept
+    assert mask_token_from_counts(2, counts) == 1  # used: the least used, highest id among ties
+    assert mask_token_from_counts(2, np.array([3, 2, 5, 1, 1])) == 4
 
 
 def test_read_eval_examples_in_file_order(tmp_path):
