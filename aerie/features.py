@@ -116,14 +116,10 @@ def compute_features(
         ).features
         for b, i in enumerate(rows):
             out[i] = feats[b, : len(sequences[i])].to(device="cpu", dtype=dtype or feats.dtype).contiguous()
-    width = None
-    for t in out:
-        if t is not None:
-            width = t.shape[-1]
-            break
+    width = next((t.shape[-1] for t in out if t is not None), 0)
     for i, t in enumerate(out):  # empty sequences
         if t is None:
-            out[i] = torch.zeros((0, width or 0), dtype=dtype or target.dtype)
+            out[i] = torch.zeros((0, width), dtype=dtype or target.dtype)
     return out  # type: ignore[return-value]
 
 

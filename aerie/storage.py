@@ -130,7 +130,8 @@ def resolve(uri: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(Path(text).expanduser().resolve())
 
 
-def _to_uri(uri: str | os.PathLike[str], path: str) -> str:
+def to_uri(uri: str | os.PathLike[str], path: str) -> str:
+    """A path of `resolve(uri)`'s file system back as a URI of the same kind (`s3://` or local)."""
     return f"s3://{path}" if is_s3(uri) else path
 
 
@@ -173,7 +174,7 @@ def list_files(uri: str | os.PathLike[str], suffixes: tuple[str, ...] | None = N
             continue
         if wanted and not item.path.lower().endswith(wanted):
             continue
-        out.append(_to_uri(uri, item.path))
+        out.append(to_uri(uri, item.path))
     return sorted(out)
 
 

@@ -152,23 +152,10 @@ def _read_rows(fs: pafs.FileSystem, path: str, start: int, end: int) -> pa.Table
     return table.slice(start - (first or 0), end - start)
 
 
-def _write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Atomic on a local disk (temp file + rename); one upload on S3."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{os.path.dirname(path)}/.tmp-{os.path.basename(path)}-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        return
-    with fs.open_output_stream(path, compression=None) as f:
-        f.write(data)
-
-
 class Featurizer:
     """One actor of the pool: loads the target once, then computes and writes whole shards."""
 
-    def __init__(self, cfg: dict[str, Any], in_fs: pafs.FileSystem, out_fs: pafs.FileSystem, root: str) -> None:
+    def __init__(self, cfg: dict[str, Any], in_fs: pafs.FileSystem, root_uri: str) -> None:
         import torch
 
         from aerie.target import load_target
@@ -178,7 +165,7 @@ class Featurizer:
         self.cfg = cfg
         self.kind = feature_kind(cfg["method"])
         self.dtype = DTYPES[cfg["dtype"]]
-        self.in_fs, self.out_fs, self.root = in_fs, out_fs, root
+        self.in_fs, self.root_uri = in_fs, root_uri
         self.target = load_target(str(storage.download(cfg["target"])), device=device)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -193,7 +180,7 @@ class Featurizer:
                                      dtype=self.dtype)
             data = pack_shard(table.column("id").to_pylist(), input_ids, masks, feats,
                               {"method": self.cfg["method"], "feature_kind": self.kind, "dtype": self.cfg["dtype"]})
-            _write_bytes(self.out_fs, f"{self.root}/{item['path']}", data)
+            storage.write_bytes(storage.join(self.root_uri, item["path"]), data)
             for key, value in (("split", item["split"]), ("shard", item["shard"]), ("path", item["path"]),
                                ("rows", table.num_rows), ("tokens", sum(map(len, input_ids))),
                                ("bytes", len(data)), ("seconds", round(time.monotonic() - t0, 3))):
@@ -247,13 +234,12 @@ def _run(cfg: FeaturizeConfig) -> dict[str, Any]:
 
     storage.delete(root_uri)  # replace, never append
     in_fs, _ = storage.resolve(next(iter(splits.values()))[0])
-    out_fs, root = storage.resolve(root_uri)
     stats: list[dict[str, Any]] = []
     if plan:
         ds = ray.data.from_items(plan, override_num_blocks=len(plan))
         ds = ds.map_batches(
             Featurizer,
-            fn_constructor_kwargs={"cfg": cfg.model_dump(), "in_fs": in_fs, "out_fs": out_fs, "root": root},
+            fn_constructor_kwargs={"cfg": cfg.model_dump(), "in_fs": in_fs, "root_uri": root_uri},
             compute=ray.data.ActorPoolStrategy(size=min(cfg.actors, len(plan))),
             num_gpus=cfg.num_gpus or None,
             batch_size=1,  # one shard per call

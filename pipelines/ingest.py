@@ -67,6 +67,7 @@ from pipelines.regenerate import RegenerateConfig, regenerate
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz")
 
+
 class IngestConfig(BaseModel):
     """Validated ingest settings; a bad value raises ``ValidationError`` naming the field."""
 

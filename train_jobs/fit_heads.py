@@ -561,7 +561,7 @@ def run_fit(cfg: FitConfig) -> dict[str, Any]:
             "run": name,
             "method": cfg.method,
             "storage": storage.join(cfg.storage, name),
-            "checkpoint": ("s3://" if storage.is_s3(cfg.storage) else "") + result.checkpoint.path,
+            "checkpoint": storage.to_uri(cfg.storage, result.checkpoint.path),
             "steps": loaded.trainer.step,
             "workers": cfg.workers,
             "rows": scan["rows"],

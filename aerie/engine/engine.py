@@ -296,15 +296,13 @@ class Engine:
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
-        ids: list[str] = []
         requests: list[Request] = []
         texts: dict[str, str] = {}
         try:
             for prompt, sampling in zip(prompts, params, strict=True):
-                ids.append(self.add_request(prompt, sampling))
-                requests.append(self.requests[ids[-1]])
-                texts[ids[-1]] = ""
-            pending = set(ids)
+                requests.append(self.requests[self.add_request(prompt, sampling)])
+                texts[requests[-1].request_id] = ""
+            pending = set(texts)
             while pending:
                 for output in self.step():
                     if output.request_id in texts:
@@ -312,8 +310,8 @@ class Engine:
                     if output.finished:
                         pending.discard(output.request_id)
         except BaseException:
-            for request_id in ids:
-                self.cancel(request_id)
+            for request in requests:
+                self.cancel(request.request_id)
             raise
         results = []
         for request in requests:

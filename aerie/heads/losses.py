@@ -297,8 +297,9 @@ def _at_step(x: torch.Tensor, rows: torch.Tensor, k: int, fill) -> torch.Tensor:
     return torch.where(inside, taken, torch.as_tensor(fill, dtype=taken.dtype, device=taken.device))
 
 
-def _full_grid(pred: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
-    """Predictions at `rows` scattered into [B, n] (-1 elsewhere)."""
+def _drafted_grid(head: DraftHead, logits: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The head's top-1 drafts (target ids) made at `rows`, scattered into [B, n] (-1 elsewhere)."""
+    pred = head.draft_to_target(logits.detach().argmax(-1))
     full = torch.full((pred.shape[0], n), -1, dtype=pred.dtype, device=pred.device)
     return full.scatter(1, rows, pred)
 
@@ -317,7 +318,7 @@ def ttt_loss(head: DraftHead, hb: HeadBatch, steps: int = 3, decay: float = 0.8)
         step = _masked_mean(ce, weight)
         total = total + (decay**k) * step
         step_losses.append(float(step.detach()))
-        preds.append(_full_grid(head.draft_to_target(out.logits.detach().argmax(-1)), at, n))
+        preds.append(_drafted_grid(head, out.logits, at, n))
     return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
 
 
@@ -346,7 +347,7 @@ def eagle_loss(
         step = feature_weight * vloss + token_weight * ploss
         total = total + (decay**k) * step
         step_losses.append(float(step.detach()))
-        preds.append(_full_grid(head.draft_to_target(out.logits.detach().argmax(-1)), at, n))
+        preds.append(_drafted_grid(head, out.logits, at, n))
     return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
 
 
@@ -355,9 +356,7 @@ def chain_agreement(head: DraftHead, hb: HeadBatch, depth: int) -> Agreement:
     """Agreement of a sequentially drafting head (EAGLE-3, EAGLE) at depths 1..depth."""
     n = hb.input_ids.shape[1]
     rows, _ = active_rows(hb.loss_mask, depth)
-    preds = [
-        _full_grid(head.draft_to_target(out.logits.argmax(-1)), at, n) for _, out, at in unroll(head, hb, depth, rows)
-    ]
+    preds = [_drafted_grid(head, out.logits, at, n) for _, out, at in unroll(head, hb, depth, rows)]
     return _grid(hb, preds)
 
 
