@@ -20,8 +20,9 @@ from aerie.engine.cache import SlotKVCache
 from aerie.engine.detokenizer import TextStream
 from aerie.engine.layout import BlockLayout, pad_rows
 from aerie.engine.masks import to_additive
+from aerie.engine.metrics import SpecCounters, StepStats
 from aerie.engine.proposers import Draft, NoProposer
-from aerie.engine.request import Request, RequestOutput, SamplingParams, SpecCounters, Status
+from aerie.engine.request import Request, RequestOutput, SamplingParams, Status
 from aerie.engine.sampling import adjusted_probs, draw_uniforms
 from aerie.engine.scheduler import Scheduler
 from aerie.engine.verify import tree_ancestors, verify_greedy, verify_sampled, verify_tree
@@ -69,6 +70,7 @@ class Engine:
         self._streams: dict[str, TextStream] = {}
         self._stop_ids = set(target.stop_token_ids)
         self.spec = SpecCounters()
+        self.stats = StepStats()
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -116,6 +118,7 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         self.scheduler.admit()
+        self.stats.steps += 1
         decoding = self.scheduler.in_status(Status.DECODING)
         outputs: list[RequestOutput] = []
         prefilling = self.scheduler.in_status(Status.PREFILLING)
@@ -182,6 +185,7 @@ class Engine:
                 [r.generator for r in rows],
             )
             depth = int(draft.depths.max())
+        self.stats.record_decode(draft.k, len(rows), sum(len(path) + 1 for path, _ in verdicts))
         outputs = []
         for row, (request, block, start, (path, token)) in enumerate(zip(rows, blocks, starts, verdicts, strict=True)):
             kept_columns = [0] + [node + 1 for node in path]

@@ -8,6 +8,8 @@ from enum import Enum
 
 import torch
 
+from aerie.engine.metrics import SpecCounters
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -35,43 +37,6 @@ class Status(Enum):
     PREFILLING = "prefilling"
     DECODING = "decoding"
     FINISHED = "finished"
-
-
-@dataclass
-class SpecCounters:
-    """Speculation counters, counted the way vLLM counts them."""
-
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    def record(self, proposed: int, accepted: int) -> None:
-        self.drafts += 1
-        self.draft_tokens += proposed
-        self.accepted_tokens += accepted
-        if len(self.accepted_per_position) < proposed:
-            self.accepted_per_position += [0] * (proposed - len(self.accepted_per_position))
-        for position in range(accepted):
-            self.accepted_per_position[position] += 1
-
-    def merge(self, other: SpecCounters) -> None:
-        self.drafts += other.drafts
-        self.draft_tokens += other.draft_tokens
-        self.accepted_tokens += other.accepted_tokens
-        for position, count in enumerate(other.accepted_per_position):
-            if position == len(self.accepted_per_position):
-                self.accepted_per_position.append(0)
-            self.accepted_per_position[position] += count
-
-    @property
-    def acceptance_length(self) -> float | None:
-        """Mean tokens gained per target forward: 1 + accepted / drafts (the bonus token counts)."""
-        return 1 + self.accepted_tokens / self.drafts if self.drafts else None
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        return [count / self.drafts for count in self.accepted_per_position] if self.drafts else []
 
 
 _ids = itertools.count()
@@ -115,3 +80,5 @@ class RequestOutput:
     new_text: str
     finished: bool
     finish_reason: str | None = None
+    """"stop", "length", "abort", or "error" (then `error` says why; other requests go on)."""
+    error: str | None = None
