@@ -12,7 +12,7 @@ from stats import chi_square_pvalue
 from aerie.engine import EngineConfig, SamplingParams
 from aerie.engine.build import build_engine
 from aerie.engine.sampling import adjusted_probs
-from aerie.engine.verify import verify_sampled, verify_tree
+from aerie.engine.verify import verify_sampled, verify_tree_sampled
 from aerie.target import Target, load_target
 
 LENGTHS = [5, 23, 9, 41, 3, 17, 30, 11]
@@ -109,8 +109,9 @@ def test_chain_rejection_sampling_first_and_second_positions():
     def run(generator):
         drafts = torch.stack([torch.multinomial(q[0, i], 1, generator=generator)[0] for i in range(2)])[None]
         uniforms = torch.rand(1, 3, generator=generator, dtype=torch.float64)
-        accepted, token = verify_sampled(p, drafts, q, uniforms)
-        return drafts[0, : int(accepted[0])].tolist() + [int(token[0])]
+        accepted, emitted = verify_sampled(p, drafts, q, uniforms)
+        assert emitted[0, : int(accepted[0])].tolist() == drafts[0, : int(accepted[0])].tolist()
+        return emitted[0, : int(accepted[0]) + 1].tolist()
 
     first = np.zeros(vocab)
     second_given = np.zeros(vocab)
@@ -134,7 +135,9 @@ def test_tree_sibling_rejection_sampling_first_and_second_positions():
     logits = torch.stack(target_probs).log()[None]
 
     def run(generator):
-        [(path, token)] = verify_tree(logits, tokens, parents, [1.0], [1.0], [generator])
+        [(path, token)] = verify_tree_sampled(
+            logits, tokens, parents, torch.tensor([1.0]), torch.tensor([1.0]), [generator]
+        )
         return [int(tokens[0, i]) for i in path] + [token]
 
     first = np.zeros(vocab)
