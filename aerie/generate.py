@@ -14,7 +14,8 @@ def run_generate(
     prompts: list[str],
     method: str = "none",
     head: str | None = None,
-    k: int = 0,
+    k: int | str = 0,
+    tree: bool | None = None,
     max_tokens: int = 64,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -24,7 +25,7 @@ def run_generate(
 ) -> Iterator[dict]:
     """Yield `{"prompt", "text", "token_ids", "acceptance_length"}` per prompt, in order.
     With `chat`, each prompt is sent as one user message through the target's chat template."""
-    check_method(method, head)
+    check_method(method, head, tree)
     loaded = load_target(target)
     tokenizer = loaded.tokenizer
     if chat:
@@ -36,7 +37,7 @@ def run_generate(
         inputs = prompts
     longest = max(len(tokenizer.encode(p, add_special_tokens=False)) for p in inputs)
     config = EngineConfig(max_slots=max_slots, max_len=longest + max_tokens)
-    engine = build_engine(loaded, config, method, head, k)
+    engine = build_engine(loaded, config, method, head, k, tree=tree)
     params = [
         SamplingParams(
             max_tokens=max_tokens,
