@@ -110,9 +110,14 @@ def examples(rows) -> list[Example]:
 
 def train_heads(args, target, data) -> dict:
     """One head per method, `--minutes` of CPU each; held-out agreement as the trainer reports it."""
+    # The trainer's own eval, as `aerie train` has it: requests of the same traffic (greedy replies),
+    # none of whose replies (greedy or sampled) is trained on. Rows are the requests' greedy
+    # replies, then each sampled copy in the same order.
     train = examples(data["train"])
-    split = max(8, len(train) // 20)
-    fit_rows, trainer_eval = train[split:], train[:split]  # the trainer's own eval: same traffic
+    requests = args.train_requests
+    held = set(range(max(8, requests // 20)))
+    trainer_eval = [train[i] for i in sorted(held)]
+    fit_rows = [row for i, row in enumerate(train) if i % requests not in held]
     results = {}
     for method in args.methods.split(","):
         head_dir = Path(args.out) / "heads" / method

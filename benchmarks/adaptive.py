@@ -1,0 +1,133 @@
+"""Adaptive speculation against plain decoding and every static K, over concurrency.
+
+    python benchmarks/adaptive.py --head eagle3=.aerie/demo/heads/eagle3 [--head peagle=DIR]
+        [--target .aerie/targets/tiny-llama] [--concurrency 1,2,4,8,16,32] [--repeats 3]
+
+Three arms on the same prompts (held-out chat prompts of the target's traffic, greedy): plain
+decoding, each static K (the best per concurrency is reported), and k="auto". Closed loop: at
+concurrency c the engine has c slots and 2c requests (at least `--min-requests`), so c requests
+are always in flight. Arms run interleaved, repeat after repeat, and each figure is the median
+over repeats. Prints a table per head (output tok/s, adaptive / plain, adaptive / best static),
+the K histogram of the adaptive arm at concurrency 1 and 16, the calibration time, and writes
+`<out>/adaptive.json` and `<out>/adaptive_<method>.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from protocol import chat_prompts  # noqa: E402
+
+from aerie.engine import EngineConfig, SamplingParams  # noqa: E402
+from aerie.engine.build import build_engine  # noqa: E402
+from aerie.heads.io import load_head  # noqa: E402
+from aerie.target import load_target  # noqa: E402
+from aerie.traffic import synthesize  # noqa: E402
+
+
+def run_arm(target, method, head, k, prompts, concurrency, max_tokens, min_requests) -> dict:
+    count = max(min_requests, 2 * concurrency)
+    batch = [prompts[i % len(prompts)] for i in range(count)]
+    config = EngineConfig(max_slots=concurrency, max_len=max(map(len, prompts)) + max_tokens + 8)
+    started = time.perf_counter()
+    engine = build_engine(target, config, method, head, k)
+    built = time.perf_counter() - started
+    start = time.perf_counter()
+    outputs = engine.generate(batch, SamplingParams(max_tokens=max_tokens))
+    seconds = time.perf_counter() - start
+    return {
+        "tokens_per_s": sum(len(o.token_ids) for o in outputs) / seconds,
+        "outputs": [o.token_ids for o in outputs],
+        "k_histogram": dict(engine.stats.k_histogram),
+        "tau": engine.spec.acceptance_length,
+        "build_seconds": built,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=".aerie/targets/tiny-llama")
+    parser.add_argument("--head", action="append", required=True, help="METHOD=DIR (repeatable)")
+    parser.add_argument("--concurrency", default="1,2,4,8,16,32")
+    parser.add_argument("--k", default="1,2,3,4,5", help="static K arms")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--min-requests", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--out", default=".aerie/bench/adaptive")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target, device="cpu")
+    exchanges = synthesize(args.prompts, seed=11, tokenizer=target.tokenizer, max_tokens=768, part="eval")
+    prompts = chat_prompts(target, exchanges)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    statics = [int(k) for k in args.k.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {}
+    for spec in args.head:
+        method, _, path = spec.partition("=")
+        head = load_head(path, target)
+        arms = [("plain", "none", 0)] + [(f"K={k}", method, k) for k in statics] + [("auto", method, "auto")]
+        cells: dict[tuple[int, str], list[dict]] = defaultdict(list)
+        for repeat in range(args.repeats):
+            for c in levels:
+                for name, arm_method, k in arms:
+                    cells[c, name].append(
+                        run_arm(target, arm_method, head, k, prompts, c, args.max_tokens, args.min_requests)
+                    )
+                print(f"{method} repeat {repeat + 1}/{args.repeats} concurrency {c} done", flush=True)
+        rows = []
+        print(f"\n{method} ({path}), target {args.target}, {args.max_tokens} tokens per request, greedy, "
+              f"median of {args.repeats}")
+        print(f"{'c':>3} {'plain':>8} {'best static':>14} {'auto':>8} {'auto/plain':>10} {'auto/best':>9}  lossless")
+        for c in levels:
+            rate = {name: statistics.median(r["tokens_per_s"] for r in cells[c, name]) for name, _, _ in arms}
+            best = max((name for name, _, _ in arms[1:-1]), key=rate.__getitem__)
+            plain_out = cells[c, "plain"][0]["outputs"]
+            lossless = all(r["outputs"] == plain_out for name, _, _ in arms for r in cells[c, name])
+            histogram = sum((Counter(r["k_histogram"]) for r in cells[c, "auto"]), Counter())
+            rows.append({
+                "concurrency": c, "plain": rate["plain"], "best_static": best, "best_static_rate": rate[best],
+                "auto": rate["auto"], "auto_over_plain": rate["auto"] / rate["plain"],
+                "auto_over_best": rate["auto"] / rate[best], "static": {n: rate[n] for n, _, _ in arms[1:-1]},
+                "k_histogram": {int(k): v for k, v in sorted(histogram.items())}, "lossless": lossless,
+            })
+            print(f"{c:3d} {rate['plain']:8.1f} {best:>5} {rate[best]:8.1f} {rate['auto']:8.1f} "
+                  f"{rows[-1]['auto_over_plain']:9.2f}x {rows[-1]['auto_over_best']:8.2f}x  {lossless}")
+        calibration = [r["build_seconds"] for c in levels for r in cells[c, "auto"]]
+        for row in rows:
+            if row["concurrency"] in (1, 16):
+                print(f"K histogram of auto at concurrency {row['concurrency']}: {row['k_histogram']}")
+        cached = statistics.median(calibration[1:] or calibration)
+        print(f"engine build with calibration: first {calibration[0]:.2f} s, cached {cached:.2f} s")
+        report[method] = {"rows": rows, "calibration_seconds": calibration[0]}
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        axis.plot(levels, [r["plain"] for r in rows], "o-", label="plain decoding")
+        axis.plot(levels, [r["best_static_rate"] for r in rows], "s--", label="best static K (per concurrency)")
+        axis.plot(levels, [r["auto"] for r in rows], "^-", label='adaptive (k="auto")')
+        axis.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="output tokens / s",
+                 title=f"{method}: adaptive speculation vs plain and the best static K")
+        axis.set_xticks(levels, [str(c) for c in levels])
+        axis.grid(alpha=0.3)
+        axis.legend()
+        figure.tight_layout()
+        figure.savefig(out / f"adaptive_{method}.png", dpi=120)
+    (out / "adaptive.json").write_text(json.dumps(report, indent=2))
+    print(f"wrote {out / 'adaptive.json'} and the plots")
+
+
+if __name__ == "__main__":
+    main()
