@@ -14,14 +14,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
 from aerie.heads import new_head
 from aerie.heads.base import DraftHead
-from aerie.heads.config import Method, default_mask_token_id
+from aerie.heads.config import Method
 from aerie.heads.losses import (
     Agreement,
     HeadBatch,
@@ -378,13 +378,3 @@ def mask_token_from_counts(default: int, counts) -> int:
     if int(counts[default]) == 0:
         return int(default)
     return int(torch.nonzero(counts == counts.min()).flatten()[-1])
-
-
-def pick_mask_token(target, examples: Sequence[Example]) -> int:
-    """`mask_token_from_counts` with the target's default (`config.default_mask_token_id`)."""
-    counts = token_counts([e.input_ids for e in examples], None, target.vocab_size)
-    return mask_token_from_counts(default_mask_token_id(target), counts)
-
-
-def config_dict(config: TrainConfig) -> dict:
-    return asdict(config)
