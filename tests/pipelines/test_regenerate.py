@@ -15,6 +15,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from aerie import storage
+from aerie.data.ingest_output import split_uri
 
 MAX_TOKENS = 64  # as the shared fixture ran ingest (checked in regen_run)
 REPLY_TOKENS = 20
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def _rows(out) -> list[dict]:
     rows = []
     for split in ("train", "eval"):
-        fs, path = storage.resolve(str(out / split))
+        fs, path = storage.resolve(split_uri(str(out), split))
         rows += pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist()
     return sorted(rows, key=lambda r: r["id"])
 
