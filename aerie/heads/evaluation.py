@@ -1,0 +1,73 @@
+"""Evaluation of a draft head on held-out examples: loss and agreement at depths 1..K.
+
+One implementation for the single-process trainer and the data-parallel job: each worker calls
+:func:`eval_totals` on its share of the examples; the totals are plain sums (:meth:`EvalTotals.vector`
+for one all-reduce), and :meth:`EvalTotals.metrics` turns the summed totals into
+``eval_loss``, ``eval_acc_d``, ``eval_chain_d``, ``eval_tau`` and ``eval_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from aerie.heads.base import DraftHead
+from aerie.heads.fit import Example, TrainConfig, collate, compute_loss, iterate_batches
+from aerie.heads.losses import Agreement, chain_agreement, peagle_agreement, prepare_batch
+
+__all__ = ["EvalTotals", "eval_totals"]
+
+EVAL_SEED_OFFSET = 12345  # P-EAGLE's depth sampling uses the same generator state at every eval
+
+
+@dataclass
+class EvalTotals:
+    """Token-weighted loss sum, token count and agreement counts per depth: add to merge."""
+
+    loss_sum: float
+    tokens: float
+    agreement: Agreement
+
+    def vector(self, depth: int) -> list[float]:
+        a = self.agreement
+        pad = [0.0] * depth
+        return [self.loss_sum, self.tokens, *(a.correct or pad), *(a.chain or pad), *(a.count or pad)]
+
+    @classmethod
+    def from_vector(cls, values: Sequence[float], depth: int) -> EvalTotals:
+        values = list(values)
+        return cls(values[0], values[1], Agreement(
+            correct=values[2 : 2 + depth], chain=values[2 + depth : 2 + 2 * depth], count=values[2 + 2 * depth :]
+        ))
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"eval_{k}": v for k, v in self.agreement.summary().items()}
+        out["eval_loss"] = self.loss_sum / self.tokens if self.tokens else float("nan")
+        out["eval_tokens"] = self.agreement.count[0] if self.agreement.count else 0.0
+        return out
+
+
+@torch.no_grad()
+def eval_totals(head: DraftHead, target, examples: Sequence[Example], config: TrainConfig) -> EvalTotals:
+    """Loss (the method's training objective) and agreement at depths 1..``config.eval_depth`` of
+    ``head`` over ``examples``, drafted the way the engine drafts (a chain for EAGLE-3 / EAGLE,
+    one forward for P-EAGLE). The head's train/eval mode is restored."""
+    depth = config.eval_depth
+    was_training = head.training
+    head.eval()
+    total = Agreement(correct=[0.0] * depth, chain=[0.0] * depth, count=[0.0] * depth)
+    loss_sum = tokens = 0.0
+    generator = torch.Generator().manual_seed(config.seed + EVAL_SEED_OFFSET)
+    for batch in iterate_batches(examples, config.eval_batch_size):
+        ids, attn, loss_mask = collate(batch, config.max_length)
+        hb = prepare_batch(target, head, ids, attn, loss_mask)
+        out = compute_loss(head, hb, config, generator)
+        n = float(hb.loss_mask.sum())
+        loss_sum += float(out.loss) * n
+        tokens += n
+        part = peagle_agreement(head, hb, depth) if head.method == "peagle" else chain_agreement(head, hb, depth)
+        total = total.merge(part)
+    head.train(was_training)
+    return EvalTotals(loss_sum, tokens, total)
