@@ -20,7 +20,7 @@ from train_jobs.config import load_config
 from train_jobs.fit_heads import run_fit
 
 K = 3
-STEPS_PER_EPOCH = 15  # 120 replies / 2 workers / batch 4
+STEPS_PER_EPOCH = (14, 15)  # 120 replies / 2 workers / batch 4, less what evening out the ranks drops
 EPOCHS = 3
 
 
@@ -61,7 +61,8 @@ def target(fit_target):
 def test_two_workers_train_and_export_a_lossless_head(baseline, target):
     cfg, summary = baseline
     metrics = summary["metrics"]
-    assert summary["steps"] == STEPS_PER_EPOCH * EPOCHS and summary["rows"] == 120  # input-only rows skipped
+    assert summary["budget"]["steps_per_epoch"] in STEPS_PER_EPOCH and summary["rows"] == 120  # input-only skipped
+    assert summary["steps"] == summary["budget"]["steps_per_epoch"] * EPOCHS
     assert metrics["workers"] == 2 and metrics["resumes"] == 0 and metrics["tokens_per_s"] > 0
     assert all(f"eval_acc_{d}" in metrics and f"eval_chain_{d}" in metrics for d in range(1, K + 1))
     assert metrics["eval_step"] == summary["steps"] and 1.0 <= metrics["eval_tau"] <= 1.0 + K
@@ -72,7 +73,8 @@ def test_two_workers_train_and_export_a_lossless_head(baseline, target):
 
     assert eventually(lambda: len(kept()) in (cfg.num_to_keep, cfg.num_to_keep + 1)), kept()  # best + latest
     assert all(validate_checkpoint(p) for p in kept())
-    assert read_checkpoint(summary["checkpoint"]).trainer.finished
+    best = read_checkpoint(summary["checkpoint"]).trainer  # the exported head is the best eval's
+    assert best.step == summary["best_step"] and best.best_eval_acc_1 == summary["best_metrics"]["eval_acc_1"]
 
     head = load_head(cfg.out, target)
     assert head.method == "eagle3" and head.config.speculative_tokens == K
@@ -140,7 +142,7 @@ def test_rerun_with_the_same_name_resumes_a_stopped_run(baseline, ray_local, fit
 
     summary = run_fit(config(fit_target, fit_data, **common))
     assert summary["metrics"]["attempt_start_step"] == 5 and summary["metrics"]["resumes"] == 1
-    assert summary["steps"] == STEPS_PER_EPOCH
+    assert summary["steps"] in STEPS_PER_EPOCH
     assert load_head(tmp_path / "head", target).method == "eagle3"
 
 
