@@ -38,7 +38,9 @@ def tiny_target(
 def generate(
     target: Annotated[str, typer.Option(help="Target model directory (local or s3://).")],
     prompt: Annotated[list[str] | None, typer.Option(help="A prompt; repeat for several.")] = None,
-    prompts: Annotated[Path | None, typer.Option(help="A file with one prompt per line.")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        help="A .jsonl file of records ({\"prompt\"} or {\"messages\"}, as ingest reads them), or one prompt per line."
+    )] = None,
     method: Annotated[str, typer.Option(help="Proposer: none|eagle3|peagle|eagle.")] = "none",
     head: Annotated[str | None, typer.Option(help="Draft head directory.")] = None,
     k: Annotated[int, typer.Option(help="Draft tokens per step.")] = 0,
@@ -51,11 +53,14 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt and line.")] = False,
 ) -> None:
     """Generate with the speculative engine in-process (no Ray)."""
-    from aerie.generate import run_generate
+    from aerie.generate import read_prompt_file, run_generate
 
-    texts = list(prompt or [])
+    texts: list = list(prompt or [])
     if prompts is not None:
-        texts += [line for line in prompts.read_text().splitlines() if line.strip()]
+        try:
+            texts += read_prompt_file(prompts)
+        except (OSError, ValueError) as e:
+            raise typer.BadParameter(str(e), param_hint="--prompts") from None
     if not texts:
         raise typer.BadParameter("give --prompt TEXT or --prompts FILE")
     for result in run_generate(
