@@ -117,9 +117,9 @@ def _table(rows: list[dict]) -> pa.Table:
 
 def test_sampled_regeneration_depends_on_record_and_seed_only(regen_run, tiny_target_dir):
     """Per-record seeds: the same record samples the same reply whatever else shares its block."""
+    from aerie.data.regenerate import RegenerateConfig, regenerate_table
     from aerie.engine import Engine, EngineConfig
     from aerie.target import load_target
-    from aerie.data.regenerate import RegenerateConfig, regenerate_table
 
     rows = _rows(regen_run[0])[:10]
     for r in rows:  # back to the encoded form: prompt only
