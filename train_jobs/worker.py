@@ -189,7 +189,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     def evaluate() -> None:
         """Every rank evaluates its share; updates the best score and the early-stopping count."""
         nonlocal last_eval
-        part = eval_totals(head, target, eval_examples[rank::world], tc)
+        part = eval_totals(head, target, eval_examples[rank::world], tc.eval_depth, tc.eval_batch_size,
+                           tc.max_length, loss_config=tc)
         last_eval = EvalTotals.from_vector(comm.sum(part.vector(tc.eval_depth)), tc.eval_depth).metrics()
         last_eval["eval_step"] = state.step
         score = last_eval.get(SCORE)

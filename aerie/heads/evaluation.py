@@ -1,9 +1,10 @@
-"""Evaluation of a draft head on held-out examples: loss and agreement at depths 1..K.
+"""Evaluation of a draft head on held-out examples: agreement at depths 1..K, and the loss.
 
-One implementation for the single-process trainer and the data-parallel job: each worker calls
-:func:`eval_totals` on its share of the examples; the totals are plain sums (:meth:`EvalTotals.vector`
-for one all-reduce), and :meth:`EvalTotals.metrics` turns the summed totals into
-``eval_loss``, ``eval_acc_d``, ``eval_chain_d``, ``eval_tau`` and ``eval_tokens``.
+One implementation for every caller: :func:`aerie.heads.fit.evaluate` (the single-process trainer,
+agreement only) and the data-parallel job, where each worker calls :func:`eval_totals` on its share
+of the examples with its training settings (so the loss is counted too); the totals are plain sums
+(:meth:`EvalTotals.vector` for one all-reduce), and :meth:`EvalTotals.metrics` turns the summed
+totals into ``eval_loss``, ``eval_acc_d``, ``eval_chain_d``, ``eval_tau`` and ``eval_tokens``.
 """
 
 from __future__ import annotations
@@ -42,31 +43,46 @@ class EvalTotals:
             correct=values[2 : 2 + depth], chain=values[2 + depth : 2 + 2 * depth], count=values[2 + 2 * depth :]
         ))
 
+    @property
+    def eval_tokens(self) -> float:
+        """Reply positions counted at depth 1."""
+        return self.agreement.count[0] if self.agreement.count else 0.0
+
     def metrics(self) -> dict[str, float]:
         out = {f"eval_{k}": v for k, v in self.agreement.summary().items()}
         out["eval_loss"] = self.loss_sum / self.tokens if self.tokens else float("nan")
-        out["eval_tokens"] = self.agreement.count[0] if self.agreement.count else 0.0
+        out["eval_tokens"] = self.eval_tokens
         return out
 
 
 @torch.no_grad()
-def eval_totals(head: DraftHead, target, examples: Sequence[Example], config: TrainConfig) -> EvalTotals:
-    """Loss (the method's training objective) and agreement at depths 1..``config.eval_depth`` of
-    ``head`` over ``examples``, drafted the way the engine drafts (a chain for EAGLE-3 / EAGLE,
-    one forward for P-EAGLE). The head's train/eval mode is restored."""
-    depth = config.eval_depth
+def eval_totals(
+    head: DraftHead,
+    target,
+    examples: Sequence[Example],
+    depth: int,
+    batch_size: int,
+    max_length: int | None = None,
+    loss_config: TrainConfig | None = None,
+) -> EvalTotals:
+    """Agreement at depths 1..``depth`` of ``head`` over ``examples`` (in order, ``batch_size`` at a
+    time, cut at ``max_length``), drafted the way the engine drafts (a chain for EAGLE-3 / EAGLE,
+    one forward for P-EAGLE); with ``loss_config`` also the method's training objective under those
+    settings (its loss sum and token count stay 0 without). The head's train/eval mode is restored."""
     was_training = head.training
     head.eval()
     total = Agreement(correct=[0.0] * depth, chain=[0.0] * depth, count=[0.0] * depth)
     loss_sum = tokens = 0.0
-    generator = torch.Generator().manual_seed(config.seed + EVAL_SEED_OFFSET)
-    for batch in iterate_batches(examples, config.eval_batch_size):
-        ids, attn, loss_mask = collate(batch, config.max_length)
+    generator = None
+    if loss_config is not None:
+        generator = torch.Generator(device="cpu").manual_seed(loss_config.seed + EVAL_SEED_OFFSET)
+    for batch in iterate_batches(examples, batch_size):
+        ids, attn, loss_mask = collate(batch, max_length)
         hb = prepare_batch(target, head, ids, attn, loss_mask)
-        out = compute_loss(head, hb, config, generator)
-        n = float(hb.loss_mask.sum())
-        loss_sum += float(out.loss) * n
-        tokens += n
+        if loss_config is not None:
+            n = float(hb.loss_mask.sum())
+            loss_sum += float(compute_loss(head, hb, loss_config, generator).loss) * n
+            tokens += n
         part = peagle_agreement(head, hb, depth) if head.method == "peagle" else chain_agreement(head, hb, depth)
         total = total.merge(part)
     head.train(was_training)

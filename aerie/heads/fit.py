@@ -23,12 +23,9 @@ from aerie.heads import new_head
 from aerie.heads.base import DraftHead
 from aerie.heads.config import Method
 from aerie.heads.losses import (
-    Agreement,
     HeadBatch,
     LossOutput,
-    chain_agreement,
     eagle_loss,
-    peagle_agreement,
     peagle_loss,
     prepare_batch,
     ttt_loss,
@@ -223,19 +220,6 @@ def prepare_examples(target, head: DraftHead, batch: Sequence[Example], max_leng
     return prepare_batch(target, head, ids, attn, loss_mask)
 
 
-@torch.no_grad()
-def agreement(
-    head: DraftHead, target, batch: Sequence[Example], depth: int = 5, max_length: int | None = None
-) -> Agreement:
-    """Top-1 agreement of the head's drafts with the target at depths 1..depth on one batch, drafted
-    the way the engine drafts (a chain for EAGLE-3 / EAGLE, one forward for P-EAGLE)."""
-    hb = prepare_examples(target, head, batch, max_length)
-    if head.method == "peagle":
-        return peagle_agreement(head, hb, depth)
-    return chain_agreement(head, hb, depth)
-
-
-@torch.no_grad()
 def evaluate(
     head: DraftHead,
     target,
@@ -245,17 +229,12 @@ def evaluate(
     max_length: int | None = None,
 ) -> dict[str, float]:
     """Agreement over a data set: `acc_d`, `chain_d` (per-position acceptance of greedy chain
-    verification) for d = 1..depth, and `tau` (mean acceptance length at K = depth, bonus counted)."""
-    head = unwrap_head(head)
-    was_training = head.training
-    head.eval()
-    total = Agreement()
-    for batch in iterate_batches(examples, batch_size):
-        total = total.merge(agreement(head, target, batch, depth, max_length))
-    head.train(was_training)
-    summary = total.summary()
-    summary["eval_tokens"] = total.count[0] if total.count else 0.0
-    return summary
+    verification) for d = 1..depth, `tau` (mean acceptance length at K = depth, bonus counted) and
+    `eval_tokens` (`aerie.heads.evaluation.eval_totals`, the job's evaluation, without the loss)."""
+    from aerie.heads.evaluation import eval_totals  # it builds on this module
+
+    totals = eval_totals(unwrap_head(head), target, examples, depth, batch_size, max_length)
+    return {**totals.agreement.summary(), "eval_tokens": totals.eval_tokens}
 
 
 @dataclass
