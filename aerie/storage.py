@@ -9,8 +9,9 @@ server (moto, MinIO) works exactly like AWS. Pass the file system to Ray Data
 Writes are atomic: a local file is written to a temporary name next to it and renamed;
 an S3 object is uploaded in one put/multipart upload, which S3 makes visible atomically.
 A whole folder is replaced with :func:`publish_dir` (a head, whose layout other engines read
-as is) or through a generation folder and a pointer written last (:func:`new_generation`; the
-ingest output and the features index), so a reader sees the old complete folder or the new one.
+as is) or through a generation folder and a pointer written last (:func:`new_generation`,
+:func:`publish_generation`; the ingest output and the features index), so a reader sees the
+old complete folder or the new one.
 
 :func:`download` caches ``s3://`` files locally, keyed on what S3 says about each object (its
 ETag and size): a prefix re-exported with other bytes is fetched again even if the size is the
@@ -55,7 +56,7 @@ __all__ = [
     "upload",
     "publish_dir",
     "new_generation",
-    "prune_generations",
+    "publish_generation",
     "PublishInProgress",
     "cache_dir",
 ]
@@ -518,14 +519,33 @@ def new_generation() -> str:
     return f"{GENERATION_PREFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
 
 
-def prune_generations(root: str | os.PathLike[str], keep: set[str]) -> list[str]:
-    """Delete every ``gen-*`` folder directly under ``root`` whose name is not in ``keep`` (the
-    current version, and the previous one for readers that started before the pointer moved).
-    Returns the deleted URIs."""
+def publish_generation(root: str | os.PathLike[str], pointer: str, document: dict[str, Any],
+                       legacy: tuple[str, ...] = ()) -> list[str]:
+    """Make the version ``document["generation"]`` (a :func:`new_generation` folder under ``root``,
+    complete) the current one: write ``root/<pointer>`` (one atomic write: the swap), then delete
+    every other ``gen-*`` folder but the previous pointer's (a reader may still be in it) and the
+    ``legacy`` folders of a layout before versions. Returns the deleted URIs."""
+    pointer_uri = join(root, pointer)
+    try:
+        previous = json.loads(read_text(pointer_uri)).get("generation")
+    except (FileNotFoundError, ValueError, AttributeError):
+        previous = None
+    write_json(pointer_uri, document)
+    current = document["generation"]
+    deleted = _prune_generations(root, keep={current, previous or current})
+    for name in legacy:
+        folder = join(root, name)
+        if exists(folder):
+            delete(folder)
+            deleted.append(folder)
+    return deleted
+
+
+def _prune_generations(root: str | os.PathLike[str], keep: set[str]) -> list[str]:
+    """Delete every ``gen-*`` folder directly under ``root`` whose name is not in ``keep``."""
     fs, path = resolve(root)
-    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
     deleted = []
-    for info in infos:
+    for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
         if info.type == pafs.FileType.Directory and info.base_name.startswith(GENERATION_PREFIX) \
                 and info.base_name not in keep:
             fs.delete_dir(info.path)

@@ -290,19 +290,8 @@ def _run(cfg: FeaturizeConfig) -> dict[str, Any]:
         "timings_s": {"plan": round(t_plan, 3), "featurize": round(seconds, 3),
                       "tokens_per_s": round(tokens / seconds, 1) if seconds else None},
     }
-    _publish_index(root_uri, index)
+    storage.publish_generation(root_uri, INDEX, index, legacy=SPLITS)
     return index
-
-
-def _publish_index(root_uri: str, index: dict[str, Any]) -> None:
-    """Swap the new version in (the index, one atomic write), then delete versions older than the
-    previous one and the split folders of the layout before versions."""
-    index_uri = storage.join(root_uri, INDEX)
-    previous = json.loads(storage.read_text(index_uri)).get("generation") if storage.exists(index_uri) else None
-    storage.write_json(index_uri, index)
-    storage.prune_generations(root_uri, keep={index["generation"], previous or index["generation"]})
-    for split in SPLITS:
-        storage.delete(storage.join(root_uri, split))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,7 +60,7 @@ from aerie import storage
 from aerie.data.dedupe import SCAN_COLUMNS, scan_parsed
 from aerie.data.filters import where, where_status_in
 from aerie.data.ingest_config import IngestConfig, format_validation_error
-from aerie.data.ingest_output import FORMAT, definitions, load_tokenizer, publish_manifest, tokenizer_facts
+from aerie.data.ingest_output import FORMAT, MANIFEST, SPLITS, definitions, load_tokenizer, tokenizer_facts
 from aerie.data.regenerate import RegenerateConfig
 from aerie.formats import ChatEncoder
 from aerie.formats.chat import STATUS_OK, STATUS_TOO_LONG
@@ -260,7 +260,7 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
     # 5. write a new version, then swap the manifest in
     t_stage = time.monotonic()
     generation = storage.new_generation()
-    outputs = {split: f"{generation}/{split}" for split in ("train", "eval", "quarantine")}
+    outputs = {split: f"{generation}/{split}" for split in SPLITS}
     _write_outputs(cfg.out, outputs, parsed, encoded, quarantine=bool(parse_reasons or template_reasons),
                    template_reasons=set(template_reasons))
     timings["write"] = round(time.monotonic() - t_stage, 3)
@@ -300,7 +300,7 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
         "timings_s": timings,
         "elapsed_s": round(time.monotonic() - t0, 3),
     }
-    publish_manifest(cfg.out, manifest)
+    storage.publish_generation(cfg.out, MANIFEST, manifest, legacy=SPLITS)  # the swap
     return manifest
 
 

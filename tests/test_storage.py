@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 
 import pyarrow.fs as pafs
@@ -198,12 +199,13 @@ def test_publish_dir_on_s3_survives_a_writer_killed_mid_write(s3_bucket, tmp_pat
     assert not any("_staging-" in k for k in keys)  # the failed attempts' staging copies are gone too
 
 
-def test_generations_are_pruned_but_the_kept_ones(tmp_path):
+def test_publishing_a_generation_keeps_it_and_the_previous_one(tmp_path):
     names = [storage.new_generation() for _ in range(3)]
     assert len(set(names)) == 3 and all(n.startswith("gen-") for n in names)
+    (tmp_path / "train").mkdir()  # a layout before versions
     for name in names:
         (tmp_path / name).mkdir()
-    (tmp_path / "manifest.json").write_text("{}")
-    deleted = storage.prune_generations(str(tmp_path), keep={names[1], names[2]})
+        deleted = storage.publish_generation(str(tmp_path), "index.json", {"generation": name}, legacy=("train",))
     assert deleted == [str(tmp_path / names[0])]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[1], names[2], "manifest.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[1], names[2], "index.json"])
+    assert json.loads((tmp_path / "index.json").read_text()) == {"generation": names[2]}

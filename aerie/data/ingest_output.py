@@ -37,7 +37,6 @@ __all__ = [
     "read_manifest",
     "split_uri",
     "parquet_rows",
-    "publish_manifest",
     "check_training_data",
     "definitions",
     "load_tokenizer",
@@ -98,26 +97,6 @@ def parquet_rows(uri: str) -> int:
         return 0
     fs, path = storage.resolve(uri)
     return sum(f.count_rows() for f in pads.dataset(path, filesystem=fs, format="parquet").get_fragments())
-
-
-def publish_manifest(out: str, manifest: dict[str, Any]) -> list[str]:
-    """Make ``manifest`` (which names its ``generation``) the current version of ``out``: write it
-    (the atomic swap), then delete generations older than the previous one and the split folders
-    of the earlier layout. Returns what was deleted."""
-    previous = None
-    if storage.exists(storage.join(out, MANIFEST)):
-        try:
-            previous = read_manifest(out).get("generation")
-        except DataMismatch:
-            previous = None
-    storage.write_json(storage.join(out, MANIFEST), manifest)
-    deleted = storage.prune_generations(out, keep={manifest["generation"], previous or manifest["generation"]})
-    for split in SPLITS:  # the layout before generations wrote the splits at the top
-        legacy = storage.join(out, split)
-        if storage.exists(legacy):
-            storage.delete(legacy)
-            deleted.append(legacy)
-    return deleted
 
 
 def check_training_data(data: str, tokenizer: Any) -> dict[str, Any]:
