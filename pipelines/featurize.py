@@ -249,6 +249,7 @@ def _run(cfg: FeaturizeConfig) -> dict[str, Any]:
             num_gpus=cfg.num_gpus or None,
             batch_size=1,  # one shard per call
             batch_format="pyarrow",
+            runtime_env={"env_vars": storage.worker_env()},  # the driver's S3, whenever Ray started
         )
         stats = sorted(ds.take_all(), key=lambda s: (SPLITS.index(s["split"]) if s["split"] in SPLITS else 9,
                                                      s["shard"]))

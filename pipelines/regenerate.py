@@ -77,6 +77,7 @@ def regenerate(ds: ray.data.Dataset, cfg: RegenerateConfig) -> tuple[ray.data.Da
         num_gpus=cfg.num_gpus or None,
         batch_size=None,  # one whole block per call: the engine batches it
         batch_format="pyarrow",
+        runtime_env={"env_vars": storage.worker_env()},  # the driver's S3, whenever Ray started
     ).materialize()
     seconds = time.monotonic() - t0
     summary = summarize(out)

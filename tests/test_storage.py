@@ -209,3 +209,15 @@ def test_publishing_a_generation_keeps_it_and_the_previous_one(tmp_path):
     assert deleted == [str(tmp_path / names[0])]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[1], names[2], "index.json"])
     assert json.loads((tmp_path / "index.json").read_text()) == {"generation": names[2]}
+
+
+def test_worker_env_carries_the_s3_settings_and_only_a_custom_servers_keys(monkeypatch):
+    for name in (*storage.WORKER_SETTINGS, *storage.S3_CREDENTIALS):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert storage.worker_env() == {"AWS_REGION": "eu-west-1"}  # on AWS, workers use their own role
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    assert storage.worker_env() == {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+                                    "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret"}

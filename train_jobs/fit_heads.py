@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -40,15 +39,6 @@ from train_jobs.checkpoints import HEAD_DIR, IncompleteCheckpoint, read_checkpoi
 from train_jobs.config import FIELDS, ConfigError, FitConfig, flag, load_config, parse_sets, parse_value
 from train_jobs.worker import SCORE, checkpoint_dir, train_loop
 
-FORWARDED_ENV = (
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_EC2_METADATA_DISABLED",
-    "AERIE_CACHE",
-)
-CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 RESULT_NAME = "train_result.json"
 
 
@@ -60,10 +50,7 @@ def _run_config(cfg: FitConfig, name: str, scored: bool):
     depth-1 agreement when there is an eval split (Ray always keeps the latest too)."""
     import ray.train
 
-    env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
-    if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3"):
-        # an S3-compatible server (MinIO, moto): its keys go along; on AWS, workers use their own role
-        env.update({k: os.environ[k] for k in CREDENTIAL_ENV if os.environ.get(k)})
+    env = storage.worker_env()
     if storage.is_s3(cfg.storage):
         fs, path = storage.resolve(cfg.storage)
         storage_kwargs: dict[str, Any] = {"storage_path": path, "storage_filesystem": fs}
