@@ -15,7 +15,9 @@ Stages (Ray Data; the parsed and the encoded data sets are materialised so each 
    ``repartition(keys=...)`` works too, but starts aggregator actors: seconds per run on 2 cores.)
 4. encode (parallel tasks, one cached tokenizer per worker process): the target's chat template,
    token ids, the loss mask (1 on the reply tokens and the end-of-turn token only), the length
-   filter (``--max-tokens``) and a deterministic train/eval split from a hash of the record id.
+   filter (``--max-tokens``) and a deterministic train/eval split from a hash of the record id:
+   ``--eval-fraction`` of the records, at least ``--eval-min-records`` (up to a quarter of them;
+   :mod:`aerie.data.eval_split`), the threshold recorded in the manifest as ``eval_threshold``.
    Template failures are quarantined.
 4b. regenerate (``--regenerate``, optional, recommended): every written row's reply is replaced by
    what the target itself generates for the prompt, in an actor pool (see ``pipelines/regenerate.py``).
@@ -58,6 +60,7 @@ from pydantic import ValidationError
 
 from aerie import storage
 from aerie.data.dedupe import SCAN_COLUMNS, scan_parsed
+from aerie.data.eval_split import POINT_COLUMNS, eval_threshold, split_points
 from aerie.data.filters import where, where_status_in
 from aerie.data.ingest_config import IngestConfig, format_validation_error
 from aerie.data.ingest_output import FORMAT, MANIFEST, SPLITS, definitions, load_tokenizer, tokenizer_facts
@@ -226,12 +229,15 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
     parse_reasons, drop, duplicates = scan_parsed(
         parsed.select_columns(SCAN_COLUMNS).iter_batches(batch_format="pyarrow", batch_size=None)
     )
+    points = split_points(parsed.select_columns(POINT_COLUMNS).iter_batches(batch_format="pyarrow", batch_size=None),
+                          drop)
+    eval_cut = eval_threshold(points, cfg.eval_fraction, cfg.eval_min_records)
     timings["read_parse"] = round(time.monotonic() - t_stage, 3)
 
     # 3-4. dedupe + encode
     t_stage = time.monotonic()
     encoded = encode(
-        parsed, tokenizer, max_tokens=cfg.max_tokens, eval_fraction=cfg.eval_fraction, batch_size=cfg.batch_size,
+        parsed, tokenizer, max_tokens=cfg.max_tokens, eval_fraction=eval_cut, batch_size=cfg.batch_size,
         drop=drop,
     ).materialize()
     timings["dedupe_encode"] = round(time.monotonic() - t_stage, 3)
@@ -293,6 +299,7 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
         "counts": counts,
         "invariant": "parsed + quarantined + duplicates + too_long == read",
         "definitions": definitions(cfg.max_tokens, regeneration is not None),
+        "eval_threshold": eval_cut,
         "generation": generation,
         "outputs": outputs,
         "tokenizer": tokenizer_facts(tokenizer),

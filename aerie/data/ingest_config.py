@@ -16,7 +16,11 @@ class IngestConfig(BaseModel):
     target: str = Field(min_length=1, description="Target model directory (its tokenizer and chat template).")
     out: str = Field(min_length=1, description="Output folder or s3:// prefix.")
     max_tokens: int = Field(2048, ge=8, le=1_048_576, description="Longest example kept, in tokens.")
-    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="Share of records (by id hash) for eval.")
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="Share of records (by id hash) for eval; 0: none.")
+    eval_min_records: int = Field(
+        16, ge=0, description="Eval holds at least this many records, up to a quarter of them (a figure "
+        "over a handful of rows is noise)."
+    )
     max_line_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Longer raw lines are quarantined.")
     batch_size: int = Field(1024, ge=1, le=65536, description="Rows per encode batch.")
     progress: bool = Field(True, description="Show Ray Data progress bars.")

@@ -312,6 +312,9 @@ def test_cli_ingest_and_config_errors(ray_local, tmp_path, tokenizer_dir):
     assert result.exit_code == 0, result.output
     counts = json.loads(result.output.strip().splitlines()[-1])
     assert counts["read"] == 60 and counts["parsed"] + counts["duplicates"] == 60
+    # 5 % of 60 records would be ~3 eval rows, a noisy figure: at least 16, up to a quarter, are held out
+    assert counts["too_long"] == 0 and counts["written"]["eval"] == min(16, counts["parsed"] // 4)
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["eval_threshold"] > 0.05
 
     missing = runner.invoke(app, ["ingest", "--input", str(tmp_path / "nothing-here"), "--target",
                                   str(tokenizer_dir), "--out", str(tmp_path / "out2"), "--no-progress"])
