@@ -259,6 +259,7 @@ def test_written_rows_are_tokenized_masked_and_split(local_run, tokenizer_dir):
         assert len(r["input_ids"]) == len(r["loss_mask"]) == r["num_tokens"] <= MAX_TOKENS
         assert sum(r["loss_mask"]) == r["num_loss_tokens"]
         assert (r["num_loss_tokens"] > 0) == r["has_reply"] == (r["reply"] is not None)
+    assert manifest["eval_threshold"] == EVAL_FRACTION  # enough records: the fraction alone decides
     assert all(split_of(r["id"], EVAL_FRACTION) == "eval" for r in evals.to_pylist())
     assert all(split_of(r["id"], EVAL_FRACTION) == "train" for r in train.to_pylist())
     assert 0.05 < evals.num_rows / len(rows) < 0.15
