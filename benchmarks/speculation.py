@@ -44,9 +44,9 @@ class Timings:
             self.target[input_ids.shape[1]].append(time.perf_counter() - start)
             return out
 
-        def timed_propose(rows):
+        def timed_propose(rows, k):
             start = time.perf_counter()
-            out = propose(rows)
+            out = propose(rows, k)
             self.draft.append(time.perf_counter() - start)
             return out
 

@@ -29,11 +29,13 @@ class SlotKVCache:
         shape = (slots, kv_heads, capacity + 1, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.device = torch.device(device)
         self.slots = slots
         self.capacity = capacity
         self.scratch = capacity
         self._rows: torch.Tensor | slice = slice(0, 0)
-        self._write_pos = torch.zeros(0, 1, dtype=torch.long)
+        self._row_index = torch.zeros(0, 1, dtype=torch.long, device=device)
+        self._write_pos = torch.zeros(0, 1, dtype=torch.long, device=device)
         self._kv_len = 0
 
     @classmethod
@@ -48,13 +50,20 @@ class SlotKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
-    def bind(self, slot_ids: list[int], write_pos: torch.Tensor, kv_len: int) -> None:
+    def slot_index(self, slot_ids: list[int]) -> torch.Tensor:
+        """[B, 1] slot ids on the cache's device (what `bind` and `keep_columns` index with)."""
+        return torch.tensor(slot_ids, dtype=torch.long, device=self.device)[:, None]
+
+    def bind(
+        self, slot_ids: list[int], write_pos: torch.Tensor, kv_len: int, slot_index: torch.Tensor | None = None
+    ) -> None:
         """Route the next forward: batch row b is slot `slot_ids[b]`; its new token i is written at
-        column `write_pos[b, i]` (the scratch column for padding); attention reads `kv_len` columns."""
+        column `write_pos[b, i]` (the scratch column for padding); attention reads `kv_len` columns.
+        `slot_index` is `slot_index(slot_ids)` when the caller already has it."""
         first = slot_ids[0]
         contiguous = slot_ids == list(range(first, first + len(slot_ids)))
-        self._rows = slice(first, first + len(slot_ids)) if contiguous else torch.tensor(slot_ids)
-        self._row_index = torch.tensor(slot_ids, device=write_pos.device)[:, None]
+        self._row_index = self.slot_index(slot_ids) if slot_index is None else slot_index
+        self._rows = slice(first, first + len(slot_ids)) if contiguous else self._row_index[:, 0]
         self._write_pos = write_pos
         self._kv_len = kv_len
 
@@ -66,8 +75,14 @@ class SlotKVCache:
         values[self._row_index, :, self._write_pos] = value_states.transpose(1, 2)
         return keys[self._rows, :, : self._kv_len], values[self._rows, :, : self._kv_len]
 
-    def copy_columns(self, slot: int, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move cached columns within one slot (tree verification keeps the accepted path)."""
+    def keep_columns(self, slot_ids: list[int], starts: list[int], kept: torch.Tensor) -> None:
+        """After tree verification: in each slot b, move block column `kept[b, j]` (relative to
+        `starts[b]`) to column j, for every layer with one gather. Columns past a row's path get
+        whatever `kept` points to: they are uncommitted and the next step overwrites them."""
+        rows = self.slot_index(slot_ids)
+        base = torch.tensor(starts, dtype=torch.long, device=self.device)[:, None]
+        src = base + kept
+        dst = base + torch.arange(kept.shape[1], device=self.device)
         for keys, values in zip(self.keys, self.values, strict=True):
-            keys[slot, :, dst] = keys[slot, :, src]
-            values[slot, :, dst] = values[slot, :, src]
+            keys[rows, :, dst] = keys[rows, :, src]
+            values[rows, :, dst] = values[rows, :, src]

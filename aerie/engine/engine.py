@@ -7,11 +7,16 @@ A fixed pool of slots shares the KV cache (`cache.py`). Each step:
    them, each slot at its own positions, with a 4-D mask (`masks.py`);
 4. verifies (`verify.py`), advances each slot by its own accepted count plus one, and streams.
 Rejected positions are simply not counted: the next step overwrites those cache columns.
+
+A decoding step reads the device back once: the verdict (accepted counts and emitted tokens of
+every row) in one transfer. A step that raises is retried row by row, so the request that caused
+the failure finishes with an error and every other request goes on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,12 +26,20 @@ from aerie.engine.detokenizer import TextStream
 from aerie.engine.layout import BlockLayout, pad_rows
 from aerie.engine.masks import to_additive
 from aerie.engine.metrics import SpecCounters, StepStats
-from aerie.engine.proposers import Draft, NoProposer
+from aerie.engine.proposers import Draft, Proposer
 from aerie.engine.request import Request, RequestOutput, SamplingParams, Status
-from aerie.engine.sampling import adjusted_probs, draw_uniforms
+from aerie.engine.sampling import adjusted_probs, draw_uniforms, request_settings
 from aerie.engine.scheduler import Scheduler
-from aerie.engine.verify import tree_ancestors, verify_greedy, verify_sampled, verify_tree
+from aerie.engine.verify import (
+    tree_ancestors,
+    verify_greedy,
+    verify_sampled,
+    verify_tree_greedy,
+    verify_tree_sampled,
+)
 from aerie.target.model import FeatureKind, Target, TargetOutput
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,20 +64,23 @@ class Completion:
     text: str
     finish_reason: str
     spec: SpecCounters
+    error: str | None = None
 
 
 class Engine:
-    def __init__(self, target: Target, config: EngineConfig | None = None, proposer=None) -> None:
+    def __init__(self, target: Target, config: EngineConfig | None = None, proposer: Proposer | None = None) -> None:
         self.target = target
         self.config = config or EngineConfig()
-        self.proposer = proposer or NoProposer()
+        self.proposer = proposer or Proposer()
+        self.device = target.device
         self.cache = SlotKVCache.for_config(
             target.config,
             slots=self.config.max_slots,
             capacity=self.config.max_len + self.proposer.max_draft_tokens,
             dtype=target.dtype,
-            device=target.device,
+            device=self.device,
         )
+        self.vocab_size = target.embed_tokens.weight.shape[0]
         self.scheduler = Scheduler(self.config.max_slots)
         self.requests: dict[str, Request] = {}
         self._streams: dict[str, TextStream] = {}
@@ -77,30 +93,44 @@ class Engine:
     def add_request(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
-        """Queue a request; it joins the running batch at the next step with a free slot."""
+        """Queue a request; it joins the running batch at the next step with a free slot. A request
+        the engine cannot serve raises ValueError naming the field, and nothing is registered."""
         params = params or SamplingParams()
-        if isinstance(prompt, str):
-            if self.target.tokenizer is None:
-                raise ValueError("a text prompt needs a target with a tokenizer")
-            prompt = self.target.tokenizer.encode(prompt, add_special_tokens=False)
-        prompt_ids = list(prompt)
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        prompt_ids = self._prompt_ids(prompt)
         needed = len(prompt_ids) + params.max_tokens
         if needed > self.config.max_len:
             raise ValueError(
-                f"request needs {needed} tokens (prompt {len(prompt_ids)} + max_tokens {params.max_tokens}) "
-                f"but the engine's max_len is {self.config.max_len}"
+                f"max_tokens: request needs {needed} tokens (prompt {len(prompt_ids)} + max_tokens "
+                f"{params.max_tokens}) but the engine's max_len is {self.config.max_len}"
             )
+        if request_id is not None and request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        stream = TextStream(self.target.tokenizer, params.stop)
         request = Request(prompt_ids=prompt_ids, params=params)
         if request_id is not None:
-            if request_id in self.requests:
-                raise ValueError(f"request id {request_id!r} is already in use")
             request.request_id = request_id
         self.requests[request.request_id] = request
-        self._streams[request.request_id] = TextStream(self.target.tokenizer, params.stop)
+        self._streams[request.request_id] = stream
         self.scheduler.add(request)
         return request.request_id
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.target.tokenizer is None:
+                raise ValueError("prompt: a text prompt needs a target with a tokenizer")
+            prompt_ids = self.target.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            prompt_ids = list(prompt)
+        if not prompt_ids:
+            raise ValueError("prompt: the prompt is empty")
+        for index, token in enumerate(prompt_ids):
+            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
+                raise ValueError(
+                    f"prompt: token {token!r} at index {index} is not a token id in [0, {self.vocab_size})"
+                )
+        return prompt_ids
 
     def cancel(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its slot; returns its final (empty) output."""
@@ -120,119 +150,174 @@ class Engine:
         self.scheduler.admit()
         self.stats.steps += 1
         decoding = self.scheduler.in_status(Status.DECODING)
-        outputs: list[RequestOutput] = []
         prefilling = self.scheduler.in_status(Status.PREFILLING)
+        outputs: list[RequestOutput] = []
         if prefilling:
-            outputs += self._prefill(prefilling)
+            outputs += self._isolated(self._prefill, prefilling)
         if decoding:
-            outputs += self._decode(decoding)
+            outputs += self._isolated(self._decode, decoding)
+        return outputs
+
+    def _isolated(
+        self, run: Callable[[list[Request]], list[RequestOutput]], rows: list[Request]
+    ) -> list[RequestOutput]:
+        """Run a batch; if it raises, run each row alone and finish the rows that still fail with
+        an error. Steps change no request state before their forwards and verification succeed."""
+        try:
+            return run(rows)
+        except Exception as error:
+            if len(rows) == 1:
+                log.exception("request %s failed", rows[0].request_id)
+                return [self._fail(rows[0], error)]
+        outputs = []
+        for row in rows:
+            outputs += self._isolated(run, [row])
         return outputs
 
     def _prefill(self, rows: list[Request]) -> list[RequestOutput]:
         """Feed each row the next chunk of its prompt; rows whose prompt is done get a first token."""
         chunk = self.config.prefill_chunk
         blocks = [r.prompt_ids[r.prefilled : r.prefilled + chunk] for r in rows]
-        starts = [r.prefilled for r in rows]
-        last = torch.zeros(len(rows), max(map(len, blocks)), dtype=torch.bool)
         done = [r.prefilled + len(b) == len(r.prompt_ids) for r, b in zip(rows, blocks, strict=True)]
-        for i, (block, is_done) in enumerate(zip(blocks, done, strict=True)):
-            last[i, len(block) - 1] = is_done
+        width = max(map(len, blocks))
+        last = torch.tensor(
+            [[is_done and i == len(b) - 1 for i in range(width)] for b, is_done in zip(blocks, done, strict=True)],
+            device=self.device,
+        )
         for request in rows:
             if request.prefilled == 0:
                 self.proposer.reset(request.slot)
         out = self._forward(
-            rows, blocks, starts, logits_at=last.to(self.target.device), features=self.proposer.features
+            rows,
+            pad_rows(blocks, width, self.device),
+            [r.prefilled for r in rows],
+            [len(b) for b in blocks],
+            features=self.proposer.features,
+            logits_at=last,
         )
+        finishing = [r for r, is_done in zip(rows, done, strict=True) if is_done]
+        first: list[int] = []
+        if finishing:
+            _, emitted = self._verify_chain(finishing, out.logits[:, None], None)
+            first = emitted[:, 0].tolist()
         for row, (request, block) in enumerate(zip(rows, blocks, strict=True)):
             request.prefilled += len(block)
             if out.features is not None:
                 self.proposer.observe(request.slot, out.features[row, : len(block)])
-        finishing = [r for r, is_done in zip(rows, done, strict=True) if is_done]
-        if not finishing:
-            return []
-        _, first = self._verify(finishing, out.logits[:, None], self._empty_draft(len(finishing)))
         outputs = []
-        for request, token in zip(finishing, first.tolist(), strict=True):
+        for request, token in zip(finishing, first, strict=True):
             request.status = Status.DECODING
             outputs.append(self._append(request, [token]))
         return outputs
 
+    def draft_length(self, rows: list[Request]) -> int:
+        """K for this step: the proposer's."""
+        return self.proposer.k
+
     def _decode(self, rows: list[Request]) -> list[RequestOutput]:
         """Draft, verify all rows in one target forward, keep each row's accepted path + one token."""
-        device = self.target.device
-        draft: Draft = self.proposer.propose(rows)
-        draft.tokens = draft.tokens.to(device)
-        blocks = [[r.all_ids[-1], *tokens] for r, tokens in zip(rows, draft.tokens.tolist(), strict=True)]
+        k = self.draft_length(rows)
+        draft = self.proposer.propose(rows, k) if k else None
+        if draft is not None and draft.parents is not None:
+            return self._decode_tree(rows, draft)
+        return self._decode_chain(rows, draft if draft is not None and draft.k else None)
+
+    def _decode_chain(self, rows: list[Request], draft: Draft | None) -> list[RequestOutput]:
+        last = torch.tensor([[r.last_token] for r in rows], dtype=torch.long, device=self.device)
+        tokens = last if draft is None else torch.cat([last, draft.tokens], dim=1)
+        drafted = [0] * len(rows) if draft is None else draft.row_lengths()
+        out = self._forward(
+            rows, tokens, [r.length - 1 for r in rows], [n + 1 for n in drafted], features=self.proposer.features
+        )
+        accepted, emitted = self._verify_chain(rows, out.logits, draft)
+        verdicts = torch.cat([accepted[:, None], emitted], dim=1).tolist()
+        return self._commit(rows, drafted, out, [(list(range(v[0])), v[1 : v[0] + 2]) for v in verdicts])
+
+    def _decode_tree(self, rows: list[Request], draft: Draft) -> list[RequestOutput]:
+        last = torch.tensor([[r.last_token] for r in rows], dtype=torch.long, device=self.device)
         starts = [r.length - 1 for r in rows]
-        features = self.proposer.features
-        if draft.parents is None:
-            out = self._forward(rows, blocks, starts, logits_at=None, features=features)
-            accepted, bonus = self._verify(rows, out.logits.view(len(rows), draft.k + 1, -1), draft)
-            verdicts = [(list(range(n)), token) for n, token in zip(accepted.tolist(), bonus.tolist(), strict=True)]
-            depth = draft.k
+        depths = torch.cat([torch.zeros_like(draft.depths[:, :1]), draft.depths], dim=1)
+        out = self._forward(
+            rows,
+            torch.cat([last, draft.tokens], dim=1),
+            starts,
+            [draft.k + 1] * len(rows),
+            features=self.proposer.features,
+            depths=depths,
+            block=tree_ancestors(draft.parents),
+        )
+        logits = out.logits.view(len(rows), draft.k + 1, -1)
+        if all(r.params.temperature == 0 for r in rows):
+            path, length, emitted = verify_tree_greedy(
+                logits, draft.tokens, draft.parents, draft.depths, draft.max_depth
+            )
+            verdicts = torch.cat([length[:, None], path, emitted], dim=1).tolist()
+            depth = draft.max_depth
+            paths = [(v[1 : 1 + v[0]], v[1 + depth : 2 + depth + v[0]]) for v in verdicts]
         else:
-            parents = draft.parents.to(device)
-            depths = torch.cat([torch.zeros_like(draft.depths[:, :1]), draft.depths], dim=1).to(device)
-            out = self._forward(
-                rows, blocks, starts, None, features, depths=depths, block=tree_ancestors(parents)
+            temperature, top_p = self._settings(rows)
+            walks = verify_tree_sampled(
+                logits, draft.tokens, draft.parents, temperature, top_p, [r.generator for r in rows]
             )
-            verdicts = verify_tree(
-                out.logits.view(len(rows), draft.k + 1, -1),
-                draft.tokens,
-                parents,
-                [r.params.temperature for r in rows],
-                [r.params.top_p for r in rows],
-                [r.generator for r in rows],
-            )
-            depth = int(draft.depths.max())
-        self.stats.record_decode(draft.k, len(rows), sum(len(path) + 1 for path, _ in verdicts))
+            tokens = draft.tokens.tolist()
+            paths = [(path, [tokens[b][n] for n in path] + [token]) for b, (path, token) in enumerate(walks)]
+            path = torch.tensor([p + [-1] * (draft.max_depth - len(p)) for p, _ in paths], device=self.device)
+        self.cache.keep_columns(
+            [r.slot for r in rows], starts, torch.cat([torch.zeros_like(path[:, :1]), path + 1], dim=1).clamp(min=0)
+        )
+        return self._commit(rows, [draft.max_depth] * len(rows), out, paths)
+
+    def _commit(
+        self, rows: list[Request], drafted: list[int], out: TargetOutput, paths: list[tuple[list[int], list[int]]]
+    ) -> list[RequestOutput]:
+        """Record each row's verdict: (accepted draft nodes, emitted tokens) after a decode forward.
+        The features of the kept positions (the last committed token, then the accepted nodes)
+        go to the proposer."""
+        self.stats.record_decode(max(drafted), len(rows), sum(len(tokens) for _, tokens in paths))
         outputs = []
-        for row, (request, block, start, (path, token)) in enumerate(zip(rows, blocks, starts, verdicts, strict=True)):
-            kept_columns = [0] + [node + 1 for node in path]
-            if kept_columns != list(range(len(kept_columns))):
-                self.cache.copy_columns(
-                    request.slot,
-                    src=torch.tensor(kept_columns, device=device) + start,
-                    dst=torch.arange(len(kept_columns), device=device) + start,
-                )
-            if depth:
-                request.spec.record(depth, len(path))
-                self.spec.record(depth, len(path))
+        for row, (request, proposed, (path, tokens)) in enumerate(zip(rows, drafted, paths, strict=True)):
+            if proposed:
+                request.spec.record(proposed, len(path))
+                self.spec.record(proposed, len(path))
             if out.features is not None:
-                self.proposer.observe(request.slot, out.features[row, kept_columns])
-            outputs.append(self._append(request, [block[c] for c in kept_columns[1:]] + [token]))
+                kept = [0] + [node + 1 for node in path]
+                features = out.features[row, : len(kept)] if kept[-1] == len(path) else out.features[row, kept]
+                self.proposer.observe(request.slot, features)
+            outputs.append(self._append(request, tokens))
         return outputs
 
-    def _empty_draft(self, batch: int) -> Draft:
-        return Draft(tokens=torch.zeros(batch, 0, dtype=torch.long, device=self.target.device))
+    def _settings(self, rows: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        return request_settings([r.params.temperature for r in rows], [r.params.top_p for r in rows], self.device)
 
-    def _verify(self, rows: list[Request], logits: torch.Tensor, draft: Draft) -> tuple[torch.Tensor, torch.Tensor]:
-        """`logits` [B, K+1, V] -> (accepted drafts [B], next token [B])."""
+    def _verify_chain(
+        self, rows: list[Request], logits: torch.Tensor, draft: Draft | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logits` [B, K+1, V] -> (accepted drafts [B], emitted tokens [B, K+1])."""
+        drafts = draft.tokens if draft is not None else logits.new_zeros(len(rows), 0, dtype=torch.long)
+        lengths = None
+        if draft is not None and draft.lengths is not None:
+            lengths = torch.tensor(draft.lengths, device=self.device)
         if all(r.params.temperature == 0 for r in rows):
-            return verify_greedy(logits, draft.tokens)
-        temperature = torch.tensor([r.params.temperature for r in rows], device=logits.device)
-        top_p = torch.tensor([r.params.top_p for r in rows], device=logits.device)
+            return verify_greedy(logits, drafts, lengths)
+        temperature, top_p = self._settings(rows)
         probs = adjusted_probs(logits, temperature[:, None], top_p[:, None])
-        uniforms = draw_uniforms([r.generator for r in rows], draft.k + 1).to(logits.device)
-        return verify_sampled(probs, draft.tokens, draft.probs, uniforms)
+        uniforms = draw_uniforms([r.generator for r in rows], drafts.shape[1] + 1, self.device)
+        return verify_sampled(probs, drafts, None if draft is None else draft.probs, uniforms, lengths)
 
     def _forward(
         self,
         rows: list[Request],
-        blocks: list[list[int]],
+        input_ids: torch.Tensor,
         starts: list[int],
-        logits_at: torch.Tensor | None,
+        lengths: list[int],
         features: FeatureKind | None = None,
+        logits_at: torch.Tensor | None = None,
         depths: torch.Tensor | None = None,
         block: torch.Tensor | None = None,
     ) -> TargetOutput:
-        """One target forward: row b appends `blocks[b]` after its `starts[b]` cached tokens
-        (a chain, or a tree with node `depths` and ancestor `block` mask)."""
-        device = self.target.device
-        layout = BlockLayout.build(
-            starts, [len(b) for b in blocks], self.cache.scratch, device, depths=depths, block=block
-        )
-        input_ids = pad_rows(blocks, layout.valid.shape[1], device)
+        """One target forward: row b appends its first `lengths[b]` of `input_ids` [B, W] after its
+        `starts[b]` cached tokens (a chain, or a tree with node `depths` and ancestor `block` mask)."""
+        layout = BlockLayout.build(starts, lengths, self.cache.scratch, self.device, depths=depths, block=block)
         self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len)
         return self.target.forward(
             input_ids,
@@ -283,6 +368,13 @@ class Engine:
         self.scheduler.finish(request, reason)
         return self._release(request, kept, new_text)
 
+    def _fail(self, request: Request, error: Exception) -> RequestOutput:
+        """Finish a request whose step raised; its slot is freed for the next one."""
+        self.scheduler.finish(request, "error")
+        output = self._release(request, [], "")
+        output.error = f"{type(error).__name__}: {error}"
+        return output
+
     def _release(self, request: Request, tokens: list[int], new_text: str) -> RequestOutput:
         """A finished request leaves the engine: its final output is all that remains of it."""
         del self._streams[request.request_id]
@@ -302,6 +394,7 @@ class Engine:
             params = [params or SamplingParams()] * len(prompts)
         requests: list[Request] = []
         texts: dict[str, str] = {}
+        errors: dict[str, str] = {}
         try:
             for prompt, sampling in zip(prompts, params, strict=True):
                 requests.append(self.requests[self.add_request(prompt, sampling)])
@@ -311,22 +404,23 @@ class Engine:
                 for output in self.step():
                     if output.request_id in texts:
                         texts[output.request_id] += output.new_text
+                    if output.error is not None:
+                        errors[output.request_id] = output.error
                     if output.finished:
                         pending.discard(output.request_id)
         except BaseException:
             for request in requests:
                 self.cancel(request.request_id)
             raise
-        results = []
-        for request in requests:
-            results.append(
-                Completion(
-                    request_id=request.request_id,
-                    prompt_ids=request.prompt_ids,
-                    token_ids=request.output_ids,
-                    text=texts[request.request_id],
-                    finish_reason=request.finish_reason or "",
-                    spec=request.spec,
-                )
+        return [
+            Completion(
+                request_id=request.request_id,
+                prompt_ids=request.prompt_ids,
+                token_ids=request.output_ids,
+                text=texts[request.request_id],
+                finish_reason=request.finish_reason or "",
+                spec=request.spec,
+                error=errors.get(request.request_id),
             )
-        return results
+            for request in requests
+        ]

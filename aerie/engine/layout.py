@@ -4,6 +4,9 @@ Row b has `prefix[b]` committed cache columns and appends `lengths[b]` new token
 columns. Rows are right-padded to the widest block; padding writes to the cache's scratch column
 and nobody attends to it. The same layout serves the target (position = column) and the draft
 heads (position = column + 1: a head's first input is the target's second token).
+
+Everything is built from host integers the engine already holds, so laying out a batch never
+reads a value back from the device.
 """
 
 from __future__ import annotations
@@ -51,14 +54,14 @@ class BlockLayout:
         valid = offsets[None, :] < lengths_t[:, None]
         columns = prefix_t[:, None] + offsets
         positions = prefix_t[:, None] + (offsets if depths is None else depths) + position_offset
-        block = causal_block(len(prefix), width, valid) if block is None else block & valid[:, None, :]
+        block = causal_block(width, valid) if block is None else block & valid[:, None, :]
         return cls(
             valid=valid,
             positions=positions,
             write_pos=torch.where(valid, columns, scratch),
             prefix=prefix_t,
             block=block,
-            kv_len=int((prefix_t + lengths_t).max()),
+            kv_len=max(p + n for p, n in zip(prefix, lengths, strict=True)),
         )
 
     def mask(self, sliding_window: int | None = None) -> torch.Tensor:
@@ -66,4 +69,4 @@ class BlockLayout:
 
 
 def pad_rows(rows: Sequence[Sequence[int]], width: int, device: torch.device, fill: int = 0) -> torch.Tensor:
-    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], device=device)
+    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=torch.long, device=device)

@@ -4,7 +4,8 @@ Row b has `prefix_len[b]` committed tokens in the cache (columns 0..prefix_len-1
 columns after them, of which the q queries are the newest. Inside the block, `block_mask[b, i, m]`
 says whether query i sees block column m: lower-triangular for prompts and draft chains, the
 ancestor relation for draft trees (w > q when a head expands a tree one depth at a time on top of
-the columns it wrote for earlier depths). Every query sees the whole committed prefix.
+the columns it wrote for earlier depths). Every query sees the whole committed prefix. Every mask
+is made on the device of its inputs.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 import torch
 
 
-def causal_block(batch: int, q: int, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """[B, q, q] causal block mask; columns of padded tokens (valid == False) are hidden."""
-    tri = torch.ones(q, q, dtype=torch.bool).tril_()
-    block = tri.expand(batch, q, q)
-    return block & valid[:, None, :] if valid is not None else block
+def causal_block(q: int, valid: torch.Tensor) -> torch.Tensor:
+    """[B, q, q] causal block mask on `valid`'s device; columns of padded tokens (valid [B, q]
+    False) are hidden."""
+    tri = torch.ones(q, q, dtype=torch.bool, device=valid.device).tril_()
+    return tri[None] & valid[:, None, :]
 
 
 def build_attention_mask(

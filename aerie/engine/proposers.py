@@ -1,16 +1,20 @@
 """Proposers: where draft tokens come from.
 
-- `NoProposer`: plain decoding, zero draft tokens (the baseline).
+- `Proposer`: the interface, and as such plain decoding with zero draft tokens (the baseline).
 - `Eagle3Proposer`: an EAGLE-3 chain, K batched head steps.
 - `PEagleProposer`: P-EAGLE, all K tokens from one head forward.
-- `EagleTreeProposer` (`eagle_tree.py`): EAGLE with an EAGLE-2 dynamic draft tree.
+- `TreeProposer` (`tree.py`): an EAGLE or EAGLE-3 head drafting an EAGLE-2 dynamic tree.
+- `NgramProposer` (`ngram.py`): prompt lookup, no head at all.
 
-A head keeps its own slot KV cache. Its input at position p pairs token t_p with the target's
-feature from position p-1, so after every target forward the engine hands the proposer the new
-features (`observe`), and the next `propose` first catches the head up on every position the
-target has verified since, then drafts. Draft-time cache columns past the verified positions are
-overwritten by the next catch-up: rolling the head back is free, as it is for the target. Head
-position p lives in cache column p - 1 (position 0 has no preceding feature).
+The engine asks for `k` tokens each step (at most the proposer's `k`; adaptive speculation picks
+fewer, or none). A head keeps its own slot KV cache. Its input at position p pairs token t_p with
+the target's feature from position p-1, so after every target forward the engine hands the
+proposer the new features of the committed positions (`observe`), and the next `propose` first
+catches the head up on every position the target has verified since, then drafts. Draft-time
+cache columns past the verified positions are overwritten by the next catch-up: rolling the head
+back is free, as it is for the target. Head position p lives in cache column p - 1 (position 0
+has no preceding feature). A catch-up only counts once its step succeeds (`observe`), so a step
+that fails can be run again.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from aerie.engine.cache import SlotKVCache
 from aerie.engine.layout import BlockLayout, pad_rows
 from aerie.engine.request import Request
-from aerie.engine.sampling import adjusted_probs, draw_uniforms, sample_from
+from aerie.engine.sampling import adjusted_probs, draw_uniforms, request_settings, sample_from
 from aerie.heads import DraftHead, PEagleHead
+from aerie.heads.base import HeadOutput
 from aerie.target.model import FeatureKind
 
 
@@ -31,52 +37,62 @@ from aerie.target.model import FeatureKind
 class Draft:
     """Draft tokens for a batch of decoding slots, `k` target-vocabulary ids per row.
 
-    A chain unless `parents` is given. For chains, `probs` holds the distributions sampled rows drew
-    from (None: every draft is greedy). For trees, `parents[b, i]` is the index of node i's parent
-    (-1: the last committed token), `depths[b, i]` its depth (1 for the root's children), nodes
-    sorted so that parents come first; tree drafts are deterministic candidates.
+    A chain unless `parents` is given. `lengths` (host ints) are the real drafts per row when rows
+    differ (the rest is padding, never accepted). For chains, `probs` holds the distributions sampled
+    rows drew from (None: every draft is greedy). For trees, `parents[b, i]` is the index of node
+    i's parent (-1: the last committed token), `depths[b, i]` its depth (1 for the root's children),
+    nodes sorted so that parents come first, `max_depth` the deepest level; tree drafts are
+    deterministic candidates.
     """
 
     tokens: torch.Tensor
+    lengths: list[int] | None = None
     probs: torch.Tensor | None = None
     parents: torch.Tensor | None = None
     depths: torch.Tensor | None = None
+    max_depth: int = 0
 
     @property
     def k(self) -> int:
         return self.tokens.shape[1]
 
+    def row_lengths(self) -> list[int]:
+        return self.lengths if self.lengths is not None else [self.k] * self.tokens.shape[0]
 
-class NoProposer:
-    """Plain autoregressive decoding: the same engine step with zero draft tokens."""
+
+class Proposer:
+    """The interface the engine drives; as such, plain autoregressive decoding (no drafts)."""
 
     name = "none"
     features: FeatureKind | None = None
+    k = 0
+    """The configured draft length (a tree's depth)."""
     max_draft_tokens = 0
+    """The most cache columns one step drafts past the committed tokens."""
 
     def reset(self, slot: int) -> None:
-        pass
+        """A new request starts in `slot`."""
 
-    def observe(self, slot: int, features: torch.Tensor | None) -> None:
-        pass
+    def observe(self, slot: int, features: torch.Tensor) -> None:
+        """The target's features at the positions the last step committed in `slot`."""
 
-    def propose(self, rows: list[Request]) -> Draft:
-        return Draft(tokens=torch.zeros(len(rows), 0, dtype=torch.long))
+    def propose(self, rows: list[Request], k: int) -> Draft:
+        raise NotImplementedError(f"{type(self).__name__} drafts nothing")
 
 
-class HeadProposer:
+
+class HeadProposer(Proposer):
     """What the head-based proposers share: per-slot catch-up state, the head's slot cache, and
     turning draft logits into draft tokens (greedy or sampled with the request's settings)."""
-
-    name = ""
 
     def __init__(self, head: DraftHead, k: int, slots: int, capacity: int, draft_columns: int | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1 for method {self.name}, got {k}")
         self.head = head.eval()
         self.k = k
-        self.features: FeatureKind = head.feature_kind
+        self.features = head.feature_kind
         self.max_draft_tokens = k
+        self.device = head.device
         self.cache = SlotKVCache(
             head.num_layers,
             slots,
@@ -86,75 +102,89 @@ class HeadProposer:
             head.dtype,
             head.device,
         )
-        self._next_position = [1] * slots
+        self._draft_vocab_ids = head.draft_to_target(torch.arange(head.draft_vocab_size, device=self.device))
+        self._seen = [1] * slots
         self._pending: list[list[torch.Tensor]] = [[] for _ in range(slots)]
+        self._staged: dict[int, int] = {}
 
     def reset(self, slot: int) -> None:
-        self._next_position[slot] = 1
+        self._seen[slot] = 1
         self._pending[slot] = []
+        self._staged.pop(slot, None)
 
     def observe(self, slot: int, features: torch.Tensor) -> None:
+        caught_up = self._staged.pop(slot, None)
+        if caught_up is not None:
+            self._pending[slot] = []
+            self._seen[slot] = caught_up
         self._pending[slot].append(features)
 
     def _catch_up_inputs(self, rows: list[Request]) -> tuple[list[list[int]], list[torch.Tensor], list[int]]:
         """Per row: the tokens at the positions the head has not seen, their preceding target
-        features, and the committed head columns before them."""
+        features, and the committed head columns before them. Staged until the step succeeds."""
         tokens, features, prefix = [], [], []
         for request in rows:
-            slot, start = request.slot, self._next_position[request.slot]
-            tokens.append(request.all_ids[start:])
-            features.append(torch.cat(self._pending[slot]))
+            slot, start = request.slot, self._seen[request.slot]
+            tokens.append(request.tokens_from(start))
+            pending = self._pending[slot]
+            features.append(pending[0] if len(pending) == 1 else torch.cat(pending))
             prefix.append(start - 1)
             if features[-1].shape[0] != len(tokens[-1]):
                 raise RuntimeError(f"slot {slot}: {features[-1].shape[0]} features for {len(tokens[-1])} tokens")
-            self._pending[slot] = []
-            self._next_position[slot] = request.length
+        self._staged = {request.slot: request.length for request in rows}
         return tokens, features, prefix
 
-    def _forward(
-        self,
-        rows: list[Request],
-        tokens: list[list[int]],
-        prefix: list[int],
-        features: list[torch.Tensor] | None = None,
-        hidden: torch.Tensor | None = None,
-    ):
-        device = self.head.device
-        layout = BlockLayout.build(prefix, [len(t) for t in tokens], self.cache.scratch, device, position_offset=1)
+    def _forward_blocks(
+        self, rows: list[Request], tokens: list[list[int]], features: list[torch.Tensor], prefix: list[int]
+    ) -> HeadOutput:
+        """One head forward over a block of new positions per row (target features as input)."""
+        layout = BlockLayout.build(
+            prefix, [len(t) for t in tokens], self.cache.scratch, self.device, position_offset=1
+        )
         width = layout.valid.shape[1]
-        if features is not None:
-            padded = features[0].new_zeros(len(rows), width, features[0].shape[-1])
-            for row, feats in enumerate(features):
-                padded[row, : feats.shape[0]] = feats
-            features = padded
         self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len)
         return self.head(
-            pad_rows(tokens, width, device),
+            pad_rows(tokens, width, self.device),
             layout.positions,
-            features=features,
-            hidden=hidden,
+            features=pad_sequence(features, batch_first=True),
             attention_mask=layout.mask(),
             cache=self.cache,
         )
+
+    def _chain_step(
+        self,
+        slot_ids: list[int],
+        slot_index: torch.Tensor,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        columns: torch.Tensor,
+        kv_len: int,
+    ) -> HeadOutput:
+        """One drafting step past the catch-up: one token per row ([B, 1] target ids) with the head's
+        previous hidden state, written at head cache `columns` [B], seeing every column up to its own."""
+        write = columns[:, None]
+        mask = torch.arange(kv_len, device=self.device)[None, None, None, :] <= write[:, None, :, None]
+        self.cache.bind(slot_ids, write, kv_len, slot_index)
+        return self.head(tokens, write + 1, hidden=hidden, attention_mask=mask, cache=self.cache)
 
     def _choose(self, rows: list[Request], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft logits [B, n, V_draft] -> target ids [B, n] and, unless all rows are greedy, the
         draft distributions over the target vocabulary [B, n, V]."""
         if all(r.params.temperature == 0 for r in rows):
             return self.head.draft_to_target(logits.argmax(-1)), None
-        temperature = torch.tensor([r.params.temperature for r in rows], device=logits.device)
-        top_p = torch.tensor([r.params.top_p for r in rows], device=logits.device)
+        temperature, top_p = request_settings(
+            [r.params.temperature for r in rows], [r.params.top_p for r in rows], logits.device
+        )
         batch, n, vocab = logits.shape
         probs = adjusted_probs(logits.float(), temperature[:, None], top_p[:, None])
-        uniforms = draw_uniforms([r.generator for r in rows], n).to(logits.device)
+        uniforms = draw_uniforms([r.generator for r in rows], n, logits.device)
         draft_ids = sample_from(probs.reshape(batch * n, vocab), uniforms.reshape(-1)).view(batch, n)
-        target_ids = self.head.draft_to_target(torch.arange(vocab, device=logits.device))
         target_probs = probs.new_zeros(batch, n, self.head.config.vocab_size)
-        target_probs[..., target_ids] = probs
+        target_probs[..., self._draft_vocab_ids] = probs
         return self.head.draft_to_target(draft_ids), target_probs
 
 
-def _last_valid(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+def last_valid(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     """values [B, q, ...] -> the entry at each row's last real position [B, ...]."""
     index = torch.tensor(lengths, device=values.device) - 1
     return values[torch.arange(values.shape[0], device=values.device), index]
@@ -166,20 +196,24 @@ class Eagle3Proposer(HeadProposer):
     name = "eagle3"
 
     @torch.inference_mode()
-    def propose(self, rows: list[Request]) -> Draft:
+    def propose(self, rows: list[Request], k: int) -> Draft:
         tokens, features, prefix = self._catch_up_inputs(rows)
-        out = self._forward(rows, tokens, prefix, features=features)
+        out = self._forward_blocks(rows, tokens, features, prefix)
         lengths = [len(t) for t in tokens]
-        hidden = _last_valid(out.hidden, lengths)[:, None]
-        chosen, probs = self._choose(rows, _last_valid(out.logits, lengths)[:, None])
+        hidden = last_valid(out.hidden, lengths)[:, None]
+        chosen, probs = self._choose(rows, last_valid(out.logits, lengths)[:, None])
         drafts, draft_probs = [chosen], [probs]
-        for step in range(1, self.k):
-            step_prefix = [r.length - 1 + step - 1 for r in rows]
-            out = self._forward(rows, drafts[-1].tolist(), step_prefix, hidden=hidden)
-            hidden = out.hidden
-            chosen, probs = self._choose(rows, out.logits)
-            drafts.append(chosen)
-            draft_probs.append(probs)
+        if k > 1:
+            slot_ids = [r.slot for r in rows]
+            slot_index = self.cache.slot_index(slot_ids)
+            columns = torch.tensor([r.length - 1 for r in rows], device=self.device)
+            longest = max(r.length for r in rows)
+            for step in range(1, k):
+                out = self._chain_step(slot_ids, slot_index, chosen, hidden, columns + step - 1, longest + step - 1)
+                hidden = out.hidden
+                chosen, probs = self._choose(rows, out.logits)
+                drafts.append(chosen)
+                draft_probs.append(probs)
         return Draft(
             tokens=torch.cat(drafts, dim=1),
             probs=None if draft_probs[0] is None else torch.cat(draft_probs, dim=1),
@@ -196,16 +230,15 @@ class PEagleProposer(HeadProposer):
         self.head: PEagleHead = head
 
     @torch.inference_mode()
-    def propose(self, rows: list[Request]) -> Draft:
+    def propose(self, rows: list[Request], k: int) -> Draft:
         tokens, features, prefix = self._catch_up_inputs(rows)
         real = [len(t) for t in tokens]
-        placeholders = self.k - 1
+        placeholders = k - 1
         mask_feature = self.head.mask_hidden.to(features[0].dtype).expand(placeholders, -1)
         tokens = [t + [self.head.mask_token_id] * placeholders for t in tokens]
         features = [torch.cat([f, mask_feature]) for f in features]
-        out = self._forward(rows, tokens, prefix, features=features)
-        device = out.logits.device
-        index = torch.tensor(real, device=device)[:, None] - 1 + torch.arange(self.k, device=device)
+        out = self._forward_blocks(rows, tokens, features, prefix)
+        index = torch.tensor(real, device=self.device)[:, None] - 1 + torch.arange(k, device=self.device)
         logits = out.logits.gather(1, index[..., None].expand(-1, -1, out.logits.shape[-1]))
         chosen, probs = self._choose(rows, logits)
         return Draft(tokens=chosen, probs=probs)

@@ -77,16 +77,17 @@ class TrainConfig:
 
 
 def collate(examples: Sequence[Example], max_length: int | None = None, pad_id: int = 0):
-    """(input_ids [B, N], attention_mask [B, N] long, loss_mask [B, N] bool), right-padded."""
+    """(input_ids [B, N], attention_mask [B, N] long, loss_mask [B, N] bool), right-padded, on the
+    host (`losses.prepare_batch` moves them to the target's device)."""
     rows = [(e.input_ids[:max_length], e.loss_mask[:max_length]) for e in examples]
     width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros(len(rows), width, dtype=torch.long)
-    loss = torch.zeros(len(rows), width, dtype=torch.bool)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device="cpu")
+    attn = torch.zeros(len(rows), width, dtype=torch.long, device="cpu")
+    loss = torch.zeros(len(rows), width, dtype=torch.bool, device="cpu")
     for b, (row_ids, row_mask) in enumerate(rows):
-        ids[b, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
+        ids[b, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long, device="cpu")
         attn[b, : len(row_ids)] = 1
-        loss[b, : len(row_mask)] = torch.tensor(row_mask, dtype=torch.bool)
+        loss[b, : len(row_mask)] = torch.tensor(row_mask, dtype=torch.bool, device="cpu")
     return ids, attn, loss
 
 
@@ -104,13 +105,13 @@ def iterate_batches(
         for start in range(0, len(usable), batch_size):
             yield usable[start : start + batch_size]
         return
-    order = torch.randperm(len(usable), generator=generator).tolist()
+    order = torch.randperm(len(usable), generator=generator, device="cpu").tolist()
     window = batch_size * max(1, bucket)
     batches: list[list[int]] = []
     for start in range(0, len(order), window):
         chunk = sorted(order[start : start + window], key=lambda i: len(usable[i].input_ids))
         batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
-    for index in torch.randperm(len(batches), generator=generator).tolist():
+    for index in torch.randperm(len(batches), generator=generator, device="cpu").tolist():
         yield [usable[i] for i in batches[index]]
 
 
@@ -258,7 +259,7 @@ def fit(
     """Train `head` for `config.epochs` epochs (or `max_steps` / `max_seconds`), then evaluate on
     `eval_examples`. Deterministic for a given seed (data order and P-EAGLE sampling)."""
     config = config or TrainConfig()
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator(device="cpu").manual_seed(config.seed)
     usable = sum(1 for e in train if len(e.input_ids) >= 3)
     steps_per_epoch = math.ceil(usable / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
@@ -292,7 +293,7 @@ def fit(
             fixed.extend(iterate_batches(train, config.batch_size, generator))
             order = range(len(fixed))
         else:
-            order = torch.randperm(len(fixed), generator=generator).tolist()
+            order = torch.randperm(len(fixed), generator=generator, device="cpu").tolist()
         for index in order:
             if index not in prepared:
                 prepared[index] = prepare_examples(target, head, fixed[index], config.max_length)

@@ -394,7 +394,7 @@ def peagle_sample(
             if size <= 0 or current.numel() == 0:
                 break
             if current.numel() > size:
-                pick = torch.randperm(current.numel(), generator=generator)[:size]
+                pick = torch.randperm(current.numel(), generator=generator, device="cpu")[:size]
                 current = torch.sort(current[pick]).values
             parts_a.append(current)
             parts_d.append(torch.full_like(current, d))
@@ -440,9 +440,9 @@ class PEagleElements:
     @classmethod
     def pack(cls, rows: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> PEagleElements:
         width = max(a.numel() for a, _ in rows)
-        anchor = torch.zeros(len(rows), width, dtype=torch.long)
-        depth = torch.zeros(len(rows), width, dtype=torch.long)
-        present = torch.zeros(len(rows), width, dtype=torch.bool)
+        anchor = torch.zeros(len(rows), width, dtype=torch.long, device="cpu")
+        depth = torch.zeros(len(rows), width, dtype=torch.long, device="cpu")
+        present = torch.zeros(len(rows), width, dtype=torch.bool, device="cpu")
         for b, (a, d) in enumerate(rows):
             anchor[b, : a.numel()] = a
             depth[b, : a.numel()] = d

@@ -21,13 +21,13 @@ def token_counts(
     vocab_size: int,
 ) -> torch.Tensor:
     """How often each target token occurs at loss-masked (reply) positions: long [vocab_size]."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
+    counts = torch.zeros(vocab_size, dtype=torch.long, device="cpu")
     sequences = list(sequences)
     masks = list(loss_masks) if loss_masks is not None else [None] * len(sequences)
     for ids, mask in zip(sequences, masks, strict=True):
-        ids_t = torch.as_tensor(list(ids), dtype=torch.long)
+        ids_t = torch.as_tensor(list(ids), dtype=torch.long, device="cpu")
         if mask is not None:
-            ids_t = ids_t[torch.as_tensor(list(mask), dtype=torch.bool)]
+            ids_t = ids_t[torch.as_tensor(list(mask), dtype=torch.bool, device="cpu")]
         if ids_t.numel():
             counts += torch.bincount(ids_t, minlength=vocab_size)[:vocab_size]
     return counts
@@ -50,9 +50,9 @@ def build_draft_vocab(
     # stable sort on (-score, id): most frequent first, lower id first among equals
     order = torch.sort(-score, stable=True).indices
     chosen = torch.sort(order[:draft_vocab_size]).values
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool, device="cpu")
     t2d[chosen] = True
-    d2t = chosen - torch.arange(draft_vocab_size)
+    d2t = chosen - torch.arange(draft_vocab_size, device="cpu")
     return d2t, t2d
 
 

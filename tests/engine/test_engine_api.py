@@ -77,3 +77,64 @@ def test_finished_requests_leave_the_engine_and_a_failed_generate_leaves_nothing
     assert engine.requests == {} and not engine.has_unfinished()
     [again] = engine.generate(random_prompts([5]), SamplingParams(max_tokens=4))
     assert len(again.token_ids) == 4
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "field"),
+    [
+        ([1, 2, 10_000], {}, "prompt"),
+        ([1, -3], {}, "prompt"),
+        ([1, 2.5], {}, "prompt"),
+        ([], {}, "prompt"),
+        ("text", {}, "prompt"),  # the random model has no tokenizer
+        ([1, 2], {"max_tokens": 0}, "max_tokens"),
+        ([1, 2], {"max_tokens": 500}, "max_tokens"),
+        ([1, 2], {"temperature": float("nan")}, "temperature"),
+        ([1, 2], {"temperature": -1.0}, "temperature"),
+        ([1, 2], {"top_p": 0.0}, "top_p"),
+        ([1, 2], {"top_p": 1.5}, "top_p"),
+        ([1, 2], {"top_p": float("nan")}, "top_p"),
+        ([1, 2], {"stop": ("\n",)}, "stop"),  # stop strings need a tokenizer
+    ],
+)
+def test_hostile_requests_are_refused_before_they_are_registered(model, prompt, params, field):
+    engine = Engine(Target(model), EngineConfig(max_slots=2, max_len=128))
+    with pytest.raises(ValueError, match=field):
+        engine.add_request(prompt, SamplingParams(**params))
+    assert engine.requests == {} and not engine.has_unfinished()
+
+
+def test_a_failing_request_finishes_with_an_error_and_the_others_go_on(model):
+    """A failure planted in the target forward whenever one request's slot is in the batch: that
+    request ends with finish_reason "error", the others finish exactly as without it."""
+    target = Target(model)
+    prompts = random_prompts([6, 9, 12, 7])
+    expected = [hf_greedy(model, p, 10) for p in prompts]
+    engine = Engine(target, EngineConfig(max_slots=4, max_len=64))
+    ids = [engine.add_request(p, SamplingParams(max_tokens=10)) for p in prompts]
+    forward, bind = target.forward, engine.cache.bind
+    bound: list[int] = []
+
+    def recording_bind(slot_ids, *args, **kwargs):
+        bound[:] = slot_ids
+        return bind(slot_ids, *args, **kwargs)
+
+    def planted(*args, **kwargs):
+        culprit = engine.requests.get(ids[1])
+        if culprit is not None and culprit.slot in bound:
+            raise RuntimeError("planted failure")
+        return forward(*args, **kwargs)
+
+    engine.cache.bind, target.forward = recording_bind, planted
+    produced: dict[str, list[int]] = {i: [] for i in ids}
+    finished = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            produced[out.request_id] += out.new_token_ids
+            if out.finished:
+                finished[out.request_id] = (out.finish_reason, out.error)
+    assert finished[ids[1]] == ("error", "RuntimeError: planted failure")
+    for index in (0, 2, 3):
+        assert finished[ids[index]] == ("length", None)
+        assert produced[ids[index]] == expected[index]
+    assert engine.requests == {}

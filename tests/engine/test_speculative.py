@@ -3,6 +3,8 @@ sampled output is distributed as the target's own."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,8 @@ from stats import chi_square_pvalue
 from aerie.engine import EngineConfig, SamplingParams
 from aerie.engine.build import build_engine
 from aerie.engine.sampling import adjusted_probs
-from aerie.engine.verify import verify_sampled, verify_tree
+from aerie.engine.tree import TreeProposer
+from aerie.engine.verify import verify_sampled, verify_tree_sampled
 from aerie.target import Target, load_target
 
 LENGTHS = [5, 23, 9, 41, 3, 17, 30, 11]
@@ -109,8 +112,9 @@ def test_chain_rejection_sampling_first_and_second_positions():
     def run(generator):
         drafts = torch.stack([torch.multinomial(q[0, i], 1, generator=generator)[0] for i in range(2)])[None]
         uniforms = torch.rand(1, 3, generator=generator, dtype=torch.float64)
-        accepted, token = verify_sampled(p, drafts, q, uniforms)
-        return drafts[0, : int(accepted[0])].tolist() + [int(token[0])]
+        accepted, emitted = verify_sampled(p, drafts, q, uniforms)
+        assert emitted[0, : int(accepted[0])].tolist() == drafts[0, : int(accepted[0])].tolist()
+        return emitted[0, : int(accepted[0]) + 1].tolist()
 
     first = np.zeros(vocab)
     second_given = np.zeros(vocab)
@@ -134,7 +138,9 @@ def test_tree_sibling_rejection_sampling_first_and_second_positions():
     logits = torch.stack(target_probs).log()[None]
 
     def run(generator):
-        [(path, token)] = verify_tree(logits, tokens, parents, [1.0], [1.0], [generator])
+        [(path, token)] = verify_tree_sampled(
+            logits, tokens, parents, torch.tensor([1.0]), torch.tensor([1.0]), [generator]
+        )
         return [int(tokens[0, i]) for i in path] + [token]
 
     first = np.zeros(vocab)
@@ -146,3 +152,29 @@ def test_tree_sibling_rejection_sampling_first_and_second_positions():
             second_after_node0[out[1]] += 1
     assert chi_square_pvalue(first, target_probs[0].double().numpy()) > 1e-3
     assert chi_square_pvalue(second_after_node0, target_probs[1].double().numpy()) > 1e-3
+
+
+def test_tree_selection_keeps_every_parent_at_any_score_magnitude():
+    """Children whose score equals their parent's (a draft probability of ~1) at |score| >= 16,
+    where a 1e-6 x depth tie-break vanishes in float32: parents still rank first."""
+    tokens = [torch.tensor([[10, 11, 12, 13]]), torch.tensor([[20, 21, 22, 23]])]
+    scores = [torch.tensor([[-20.0, -30.0, -40.0, -50.0]]), torch.full((1, 4), -20.0)]
+    parents = [torch.full((1, 4), -1), torch.zeros(1, 4, dtype=torch.long)]
+    depths = [torch.ones(1, 4, dtype=torch.long), torch.full((1, 4), 2)]
+    for size in range(1, 8):
+        draft = TreeProposer._select(tokens, scores, parents, depths, size, 2)
+        kept = draft.tokens[0].tolist()
+        assert kept[0] == 10, (size, kept)
+        assert all(p < i for i, p in enumerate(draft.parents[0].tolist())), (size, draft.parents)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_tree_with_a_head_sure_of_itself_stays_lossless(llama_with_heads, prompts, baseline, method):
+    """A head whose top logit leads by far more than 20 ties children with parents everywhere."""
+    target, heads = llama_with_heads
+    head = copy.deepcopy(heads[method])
+    with torch.no_grad():
+        head.lm_head.weight.mul_(200.0)
+    engine = build_engine(target, CONFIG, method, head, 4, tree=True)
+    results = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))
+    assert [r.token_ids for r in results] == baseline
