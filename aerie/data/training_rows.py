@@ -22,7 +22,6 @@ only its own files, a window at a time). Nothing here imports Ray.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +40,6 @@ __all__ = [
     "scan_file",
     "build_index",
     "epoch_plan",
-    "count_batches",
     "RowReader",
     "examples_from_table",
     "plan_budget",
@@ -199,14 +197,6 @@ def epoch_plan(index: RowIndex, epoch: int, settings: PlanSettings) -> list[list
     batches = [_batches(rows[:even], index.lengths, settings) for rows in per_rank]
     steps = min(len(b) for b in batches)
     return [b[:steps] for b in batches]
-
-
-def count_batches(lengths: Iterable[int], batch_size: int, batch_tokens: int | None, max_length: int) -> int:
-    """How many batches rows of these lengths (in this order) make."""
-    lengths = np.asarray(list(lengths), dtype=np.int32)
-    settings = PlanSettings(seed=0, world_size=1, batch_size=batch_size, batch_tokens=batch_tokens,
-                            max_length=max_length)
-    return len(_batches(np.arange(len(lengths)), lengths, settings))
 
 
 class RowReader:

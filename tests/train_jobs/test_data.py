@@ -10,7 +10,6 @@ from aerie.data.training_rows import (
     PlanSettings,
     RowIndex,
     RowReader,
-    count_batches,
     epoch_plan,
     examples_from_table,
     plan_budget,
@@ -103,13 +102,6 @@ def test_row_reader_reads_the_same_rows_from_memory_and_from_files(tmp_path):
     assert [e.input_ids for e in from_files.examples(rows)] == [e.input_ids for e in in_memory.examples(rows)]
     assert [e.input_ids[:2] for e in from_files.examples(rows)] == [[1, 2], [0, 1], [1, 0], [0, 0]]
     assert from_files.ids(rows) == ["part-1.parquet:2", "part-0.parquet:1", "part-1.parquet:0", "part-0.parquet:0"]
-
-
-@pytest.mark.parametrize("budget", [None, 20, 64])
-def test_count_batches(budget):
-    lengths = np.random.default_rng(0).integers(3, 30, size=57)
-    n = count_batches(lengths, 4, budget, 24)
-    assert n == (15 if budget is None else n) and n >= 57 * 3 // (budget or 12) // 3
 
 
 def test_budget_fixed_and_automatic():
