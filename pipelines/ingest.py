@@ -63,10 +63,18 @@ from aerie.data.dedupe import SCAN_COLUMNS, scan_parsed
 from aerie.data.eval_split import POINT_COLUMNS, eval_threshold, split_points
 from aerie.data.filters import where, where_status_in
 from aerie.data.ingest_config import IngestConfig, format_validation_error
-from aerie.data.ingest_output import FORMAT, MANIFEST, SPLITS, definitions, load_tokenizer, tokenizer_facts
+from aerie.data.ingest_output import (
+    FORMAT,
+    MANIFEST,
+    SPLITS,
+    definitions,
+    ingest_counts,
+    load_tokenizer,
+    tokenizer_facts,
+)
 from aerie.data.regenerate import RegenerateConfig
 from aerie.formats import ChatEncoder
-from aerie.formats.chat import STATUS_OK, STATUS_TOO_LONG
+from aerie.formats.chat import STATUS_OK
 from aerie.formats.tables import (
     encode_rows,
     parse_files,
@@ -250,46 +258,17 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
             max_failure_rate=cfg.regenerate_max_failure_rate,
         ))
         timings["regenerate"] = regeneration["seconds"]
-    tally = _tally(encoded, ["status", "split", "has_reply"])
-    status: dict[str, int] = {}
-    written = {"train": 0, "eval": 0}
-    input_only = 0
-    for (st, split, has_reply), n in tally.items():
-        status[st] = status.get(st, 0) + n
-        if st == STATUS_OK:
-            written[split] += n
-            input_only += 0 if has_reply else n
-    too_long = status.pop(STATUS_TOO_LONG, 0)
-    kept = status.pop(STATUS_OK, 0)
-    template_reasons = status  # whatever is left is a quarantine reason
+    counts, template_reasons = ingest_counts(read, parse_reasons, duplicates,
+                                             _tally(encoded, ["status", "split", "has_reply"]), regeneration)
 
     # 5. write a new version, then swap the manifest in
     t_stage = time.monotonic()
     generation = storage.new_generation()
     outputs = {split: f"{generation}/{split}" for split in SPLITS}
-    _write_outputs(cfg.out, outputs, parsed, encoded, quarantine=bool(parse_reasons or template_reasons),
-                   template_reasons=set(template_reasons))
+    _write_outputs(cfg.out, outputs, parsed, encoded, quarantine=counts["quarantined"] > 0,
+                   template_reasons=template_reasons)
     timings["write"] = round(time.monotonic() - t_stage, 3)
 
-    quarantined_by_reason = dict(parse_reasons)
-    for reason, n in template_reasons.items():
-        quarantined_by_reason[reason] = quarantined_by_reason.get(reason, 0) + n
-    quarantined = sum(quarantined_by_reason.values())
-    counts = {
-        "read": read,
-        "parsed": kept,
-        "quarantined": quarantined,
-        "quarantined_by_reason": dict(sorted(quarantined_by_reason.items())),
-        "duplicates": duplicates,
-        "too_long": too_long,
-        "written": {**written, "total": written["train"] + written["eval"]},
-        "input_only": input_only,
-    }
-    if regeneration is not None:
-        counts["regenerated"] = regeneration["regenerated"]
-        counts["regeneration_failed"] = regeneration["regeneration_failed"]
-    if kept + quarantined + duplicates + too_long != read or kept != counts["written"]["total"]:
-        raise RuntimeError(f"ingest accounting does not add up: {counts}")
     manifest = {
         "stage": "ingest",
         "format": FORMAT,

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow.dataset as pads
 
 from aerie import storage
+from aerie.formats.chat import STATUS_OK, STATUS_TOO_LONG
 
 __all__ = [
     "FORMAT",
@@ -39,6 +40,7 @@ __all__ = [
     "parquet_rows",
     "check_training_data",
     "definitions",
+    "ingest_counts",
     "load_tokenizer",
 ]
 
@@ -97,6 +99,44 @@ def parquet_rows(uri: str) -> int:
         return 0
     fs, path = storage.resolve(uri)
     return sum(f.count_rows() for f in pads.dataset(path, filesystem=fs, format="parquet").get_fragments())
+
+
+def ingest_counts(read: int, parse_reasons: dict[str, int], duplicates: int,
+                  encoded: dict[tuple[str, str, bool], int], regeneration: dict[str, Any] | None
+                  ) -> tuple[dict[str, Any], set[str]]:
+    """The manifest's ``counts`` from the stages' tallies: lines read, parse failures by reason,
+    duplicates dropped, encoded rows by ``(status, split, has_reply)`` and the regeneration summary;
+    and the template-failure reasons among the encoded statuses (their rows go to quarantine).
+    Raises ``RuntimeError`` when the records do not add up (see :func:`definitions`)."""
+    status: dict[str, int] = {}
+    written = {"train": 0, "eval": 0}
+    input_only = 0
+    for (st, split, has_reply), n in encoded.items():
+        status[st] = status.get(st, 0) + n
+        if st == STATUS_OK:
+            written[split] += n
+            input_only += 0 if has_reply else n
+    too_long = status.pop(STATUS_TOO_LONG, 0)
+    kept = status.pop(STATUS_OK, 0)
+    quarantined_by_reason = dict(parse_reasons)
+    for reason, n in status.items():  # whatever is left is a template failure
+        quarantined_by_reason[reason] = quarantined_by_reason.get(reason, 0) + n
+    counts: dict[str, Any] = {
+        "read": read,
+        "parsed": kept,
+        "quarantined": sum(quarantined_by_reason.values()),
+        "quarantined_by_reason": dict(sorted(quarantined_by_reason.items())),
+        "duplicates": duplicates,
+        "too_long": too_long,
+        "written": {**written, "total": written["train"] + written["eval"]},
+        "input_only": input_only,
+    }
+    if regeneration is not None:
+        counts["regenerated"] = regeneration["regenerated"]
+        counts["regeneration_failed"] = regeneration["regeneration_failed"]
+    if kept + counts["quarantined"] + duplicates + too_long != read or kept != counts["written"]["total"]:
+        raise RuntimeError(f"ingest accounting does not add up: {counts}")
+    return counts, set(status)
 
 
 def check_training_data(data: str, tokenizer: Any) -> dict[str, Any]:
