@@ -38,6 +38,15 @@ def read_prompt_file(path: str | Path) -> list[Prompt]:
     return prompts
 
 
+def render_prompt(tokenizer, prompt: Prompt, chat: bool) -> str:
+    """The text the engine gets: chat messages (or, with ``chat``, a text prompt as one user
+    message) through the chat template with the generation prompt; otherwise the text as is."""
+    if isinstance(prompt, str) and not chat:
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
 def run_generate(
     target: str,
     prompts: list[Prompt],
@@ -57,13 +66,7 @@ def run_generate(
     check_method(method, head)
     loaded = load_target(target)
     tokenizer = loaded.tokenizer
-    def render(prompt: Prompt) -> str:
-        if isinstance(prompt, str) and not chat:
-            return prompt
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-    inputs = [render(p) for p in prompts]
+    inputs = [render_prompt(tokenizer, p, chat) for p in prompts]
     longest = max(len(tokenizer.encode(p, add_special_tokens=False)) for p in inputs)
     config = EngineConfig(max_slots=max_slots, max_len=longest + max_tokens)
     engine = build_engine(loaded, config, method, head, k)
