@@ -1,2 +1,2 @@
-"""Ray-free logic for the data stages: regeneration of a table, the ingest output and its
-manifest, the training-row plan."""
+"""Ray-free logic for the data stages: ingest's settings, duplicate scan, eval split, filters and
+output (manifest, accounting, trust checks); regeneration of a table; the training-row plan."""

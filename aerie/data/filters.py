@@ -28,4 +28,5 @@ def where_status_in(values: set[str]) -> Callable[[pa.Table], pa.Table]:
         mask = pc.fill_null(pc.is_in(batch.column("status"), value_set=pa.array(sorted(values))), False)
         return batch.filter(mask)
 
+    fn.__name__ = "where_status_in"
     return fn
