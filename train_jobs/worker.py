@@ -193,11 +193,14 @@ def train_loop(loop_config: dict[str, Any]) -> None:
                            tc.max_length, loss_config=tc)
         last_eval = EvalTotals.from_vector(comm.sum(part.vector(tc.eval_depth)), tc.eval_depth).metrics()
         last_eval["eval_step"] = state.step
-        score = last_eval.get(SCORE)
-        if score is not None and (state.best_eval_acc_1 is None or score > state.best_eval_acc_1 + cfg.min_delta):
-            state.best_eval_acc_1, state.best_step, state.evals_since_best = score, state.step, 0
-        else:
-            state.evals_since_best += 1
+        score, best = last_eval.get(SCORE), state.best_eval_acc_1
+        if score is None:
+            return
+        # patience counts evals without a gain of min_delta; the best (what is exported) is the plain
+        # maximum, the latest among equals, as Ray ranks the kept checkpoints
+        state.evals_without_gain = 0 if best is None or score > best + cfg.min_delta else state.evals_without_gain + 1
+        if best is None or score >= best:
+            state.best_eval_acc_1, state.best_step = score, state.step
 
     def report(checkpoint_due: bool) -> None:
         """Every rank calls this at the same steps; a checkpoint comes with a fresh eval, and rank 0
@@ -242,7 +245,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             bar.set_description(f"train {cfg.method} loss {metrics['loss']:.3f}{acc}")
 
     def stop_early() -> bool:
-        return cfg.early_stopping and state.step >= cfg.min_steps and state.evals_since_best >= cfg.patience
+        return cfg.early_stopping and state.step >= cfg.min_steps and state.evals_without_gain >= cfg.patience
 
     done = state.step >= total_steps or stop_early()
     while not done and state.epoch < budget["epochs"]:

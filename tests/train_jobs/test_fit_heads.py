@@ -181,13 +181,16 @@ def test_train_refuses_data_it_cannot_trust(ray_local, fit_target, fit_data, tok
 
 def test_default_budget_stops_early_and_exports_the_best_head(ray_local, fit_target, fit_data, tmp_path, target):
     """No epochs, no max_steps: at least min_steps, evals every eval_every steps, stop when eval
-    depth-1 agreement has not improved for `patience` evals; the exported head is the best one."""
+    depth-1 agreement has not gained min_delta for `patience` evals; the exported head is the best one."""
     cfg = config(fit_target, fit_data, out=str(tmp_path / "head"), storage=str(tmp_path / "runs"), name="auto",
                  epochs=None, min_steps=10, patience=2, min_delta=0.5, eval_every=5, record_rows=False)
     summary = run_fit(cfg)
     assert summary["budget"]["total_steps"] >= 10 and summary["early_stopped"]
-    # best at step 5; no gain of 0.5 at the evals of step 10 and of the epoch end (14): stopped there
-    assert 10 < summary["steps"] < summary["budget"]["total_steps"]
-    assert summary["best_step"] == summary["best_metrics"]["step"] == 5
+    # evals at steps 5, 10 and the epoch end: no gain of 0.5 after the first, so it stops at the third
+    evals = {h["step"]: h["eval_acc_1"] for h in summary["history"] if h.get("eval_step") == h["step"]}
+    assert sorted(evals) == [5, 10, summary["budget"]["steps_per_epoch"]] and summary["steps"] == max(evals)
+    best_acc, best_step = max((acc, step) for step, acc in evals.items())
+    assert summary["best_step"] == summary["best_metrics"]["step"] == best_step  # the best eval's checkpoint
+    assert summary["metrics"]["best_step"] == best_step and summary["best_metrics"]["eval_acc_1"] == best_acc
     exported = json.loads((tmp_path / "head" / "train_result.json").read_text())
-    assert exported["best_step"] == 5 and load_head(cfg.out, target).method == "eagle3"
+    assert exported["best_step"] == best_step and load_head(cfg.out, target).method == "eagle3"
