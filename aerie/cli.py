@@ -156,7 +156,7 @@ def ingest(
 
 @app.command()
 def train(
-    data: Annotated[str | None, typer.Option(help="Ingest output (train/ + eval/ Parquet), local or s3://.")] = None,
+    data: Annotated[str | None, typer.Option(help="Ingest output (its manifest.json), local or s3://.")] = None,
     target: Annotated[str | None, typer.Option(help="Target model directory, local or s3://.")] = None,
     method: Annotated[str | None, typer.Option(help="eagle3 | peagle | eagle.")] = None,
     out: Annotated[str | None, typer.Option(help="Where the trained head is exported (local or s3://).")] = None,

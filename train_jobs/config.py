@@ -36,7 +36,7 @@ class FitConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # what to train, from what, to where
-    data: str = Field(min_length=1, description="Ingest output (its train/ and eval/ Parquet folders).")
+    data: str = Field(min_length=1, description="Ingest output (its manifest.json names the train and eval splits).")
     target: str = Field(min_length=1, description="Target model directory (local or s3://).")
     method: Method = Field(description="Head family: eagle3 | peagle | eagle.")
     out: str = Field(min_length=1, description="Where the final head is exported (local dir or s3://).")
