@@ -63,7 +63,8 @@ class FitConfig(BaseModel):
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimiser steps.")
     min_steps: int = Field(300, ge=1, description="Automatic budget: steps trained before early stopping may stop.")
     max_epochs: int = Field(100, ge=1, description="Automatic budget: the most passes over the data.")
-    patience: int = Field(4, ge=1, description="Evals without an improvement of eval_acc_1 before stopping.")
+    patience: int = Field(4, ge=1, description="Automatic budget: evals without a gain of min_delta in eval_acc_1 "
+                          "before stopping.")
     min_delta: float = Field(0.002, ge=0, description="The least eval_acc_1 gain that counts as improvement.")
     batch_size: int = Field(8, ge=1, le=4096, description="Sequences per worker and step.")
     batch_tokens: int | None = Field(
@@ -103,7 +104,8 @@ class FitConfig(BaseModel):
     eval_batch_size: int = Field(8, ge=1)
 
     # data
-    shuffle_buffer: int = Field(256, ge=0, description="Per-worker local shuffle buffer (rows; 0: none).")
+    shuffle_buffer: int = Field(256, ge=0, description="Streamed data: each rank's rows are shuffled within "
+                                "windows of this many rows (0: none; data held in memory is shuffled whole).")
     cache_data_mb: int = Field(
         256, ge=0, description="Training Parquet up to this size is read once and kept in the object store "
         "(epochs then skip the read); larger data is streamed every epoch. 0: always stream."
