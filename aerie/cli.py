@@ -19,8 +19,13 @@ def tiny_target(
     minutes: Annotated[float, typer.Option(help="Training budget, as a fixed calibrated step count.")] = 5.0,
     seed: Annotated[int, typer.Option(help="Same seed and steps, same model bytes.")] = 0,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps; overrides --minutes.")] = None,
+    corpus: Annotated[list[Path] | None, typer.Option(
+        help="A folder of Python source to train on instead of the standard library (repeatable).")] = None,
+    hidden_size: Annotated[int, typer.Option(help="Model width (a multiple of 64).")] = 256,
+    vocab_size: Annotated[int, typer.Option(help="Tokenizer vocabulary size.")] = 4096,
 ) -> None:
-    """Build the tiny default target (tokenizer + small model trained on the stdlib source); cached."""
+    """Build the tiny default target (tokenizer + small model trained on the stdlib source, or on
+    --corpus folders); cached."""
     import os
 
     # Idle OpenMP threads sleep instead of spinning: on a shared 2-core box, spinning made each
@@ -30,7 +35,10 @@ def tiny_target(
 
     if arch not in ARCHS:
         raise typer.BadParameter(f"must be one of {', '.join(ARCHS)}", param_hint="--arch")
-    built = build_tiny_target(out, arch=arch, minutes=minutes, seed=seed, steps=steps)
+    built = build_tiny_target(
+        out, arch=arch, minutes=minutes, seed=seed, steps=steps, corpus=corpus, hidden_size=hidden_size,
+        vocab_size=vocab_size,
+    )
     typer.echo(json.dumps({"out": str(built), **json.loads((built / "build.json").read_text())["results"]}))
 
 
@@ -41,9 +49,12 @@ def generate(
     prompts: Annotated[Path | None, typer.Option(
         help="A .jsonl file of records ({\"prompt\"} or {\"messages\"}, as ingest reads them), or one prompt per line."
     )] = None,
-    method: Annotated[str, typer.Option(help="Proposer: none|eagle3|peagle|eagle.")] = "none",
+    method: Annotated[str, typer.Option(help="Proposer: none|ngram|eagle3|peagle|eagle.")] = "none",
     head: Annotated[str | None, typer.Option(help="Draft head directory.")] = None,
-    k: Annotated[int, typer.Option(help="Draft tokens per step.")] = 0,
+    k: Annotated[str, typer.Option(
+        help="Draft tokens per step (0: the head's default), or 'auto': chosen every step.")] = "0",
+    tree: Annotated[bool | None, typer.Option(
+        "--tree/--chain", help="Draft a dynamic tree (EAGLE-2 style) or a chain. [default: tree for eagle]")] = None,
     max_tokens: Annotated[int, typer.Option(help="Most new tokens per prompt.")] = 64,
     temperature: Annotated[float, typer.Option(help="0 means greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
@@ -68,7 +79,8 @@ def generate(
         prompts=texts,
         method=method,
         head=head,
-        k=k,
+        k=k if k == "auto" else _int_option(k, "--k"),
+        tree=tree,
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
@@ -82,6 +94,13 @@ def generate(
             typer.echo(f"--- {result['prompt']!r}\n{result['text']}")
 
 
+def _int_option(value: str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an integer", param_hint=name) from None
+
+
 @app.command()
 def traffic(
     target: Annotated[str, typer.Option(help="Target model dir; its tokenizer keeps requests in range (optional).")],
@@ -92,15 +111,22 @@ def traffic(
     max_tokens: Annotated[int, typer.Option(min=64, help="Longest request + reply, in tokens.")] = 1024,
     endpoint: Annotated[str, typer.Option(help="Endpoint name in the Data Capture layout.")] = "aerie-demo",
     variant: Annotated[str, typer.Option(help="Variant name in the Data Capture layout.")] = "AllTraffic",
+    source: Annotated[list[Path] | None, typer.Option(
+        help="A folder of Python source to draw requests from instead of the standard library (repeatable).")] = None,
+    part: Annotated[str, typer.Option(
+        help="all | train | eval: eval is one source file in five (by path hash), train the rest.")] = "all",
 ) -> None:
-    """Synthesise captured requests (code completion, explain-this-function) from the stdlib source."""
-    from aerie.traffic import FORMATS, generate_traffic
+    """Synthesise captured requests (code completion, explain-this-function) from the stdlib source
+    (or --source folders)."""
+    from aerie.traffic import FORMATS, PARTS, generate_traffic
 
     if format not in FORMATS:
         raise typer.BadParameter(f"must be one of {', '.join(FORMATS)}", param_hint="--format")
+    if part not in PARTS:
+        raise typer.BadParameter(f"must be one of {', '.join(PARTS)}", param_hint="--part")
     summary = generate_traffic(
         target, out, requests=requests, fmt=format, seed=seed, max_tokens=max_tokens,
-        endpoint=endpoint, variant=variant,
+        endpoint=endpoint, variant=variant, sources=tuple(map(str, source)) if source else None, part=part,
     )
     typer.echo(json.dumps(summary))
 

@@ -1,6 +1,7 @@
-"""Demo traffic: captured requests synthesised from the Python standard library's own source.
+"""Demo traffic: captured requests synthesised from Python source: the standard library's by
+default, or any folders of it (installed packages: traffic about code a target never saw).
 
-Two tasks, both answered with real source so a model trained on the stdlib can serve them:
+Two tasks, both answered with real source so a model trained on that code can serve them:
 - ``complete``: the function's signature and docstring; the reply is the rest of the function.
 - ``explain``: the whole function; the reply is built from its docstring.
 
@@ -15,20 +16,22 @@ import ast
 import json
 import os
 import random
-import sysconfig
 import textwrap
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from aerie import storage
 from aerie.formats.capture import DataCaptureWriter, capture_event, format_time
+from aerie.target.corpus import is_heldout, python_files
 
 __all__ = [
     "Exchange",
-    "stdlib_functions",
+    "source_files",
+    "source_functions",
     "synthesize",
     "sagemaker_event",
     "openai_line",
@@ -40,8 +43,6 @@ __all__ = [
 FORMATS = ("sagemaker", "openai", "sharegpt")
 MODEL_NAME = "aerie-target"
 SYSTEM_PROMPT = "You are a concise Python assistant."
-_SKIP_DIRS = {"test", "tests", "site-packages", "dist-packages", "__pycache__", "idlelib", "lib2to3",
-              "ensurepip", "turtledemo", "pydoc_data"}
 _COMPLETE_ASKS = (
     "Complete this Python function:\n```python\n{code}\n```",
     "Finish the implementation:\n\n{code}",
@@ -79,16 +80,7 @@ class Exchange:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def _stdlib_files() -> list[str]:
-    root = sysconfig.get_paths()["stdlib"]
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-        files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
-    return files
-
-
-def _functions_in(path: str, max_chars: int) -> list[Function]:
+def _functions_in(path: str | Path, max_chars: int) -> list[Function]:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -119,11 +111,33 @@ def _functions_in(path: str, max_chars: int) -> list[Function]:
     return out
 
 
+PARTS = ("all", "train", "eval")
+EVAL_FILES_ONE_IN = 5
+
+
+def source_files(sources: tuple[str, ...] | None = None, part: str = "all") -> list[Path]:
+    """The Python files traffic is drawn from (`aerie.target.corpus.python_files`; default the
+    standard library), optionally one `part` of them: `eval` is about one file in five (by a hash
+    of its path), `train` the rest, so prompts for evaluation never share a file with training."""
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {', '.join(PARTS)}, not {part!r}")
+    files = python_files(list(sources) if sources else None)
+    if part == "all":
+        return list(files.values())
+    return [path for key, path in files.items() if is_heldout(key, EVAL_FILES_ONE_IN) == (part == "eval")]
+
+
 @lru_cache(maxsize=4)
-def stdlib_functions(min_count: int = 2000, seed: int = 0, max_chars: int = 3000) -> tuple[Function, ...]:
-    """Functions from the standard library source (files visited in a seeded order), at least
-    ``min_count`` when the library has that many."""
-    files = _stdlib_files()
+def source_functions(
+    min_count: int = 2000,
+    seed: int = 0,
+    max_chars: int = 3000,
+    sources: tuple[str, ...] | None = None,
+    part: str = "all",
+) -> tuple[Function, ...]:
+    """Functions from the source files (visited in a seeded order), at least ``min_count`` when
+    there are that many."""
+    files = source_files(sources, part)
     random.Random(seed).shuffle(files)
     found: list[Function] = []
     for path in files:
@@ -147,17 +161,27 @@ def _count_tokens(tokenizer: Any, texts: list[str]) -> list[int]:
 
 
 def synthesize(
-    n: int, *, seed: int = 0, tokenizer: Any = None, max_tokens: int = 1024
+    n: int,
+    *,
+    seed: int = 0,
+    tokenizer: Any = None,
+    max_tokens: int = 1024,
+    sources: tuple[str, ...] | None = None,
+    part: str = "all",
 ) -> list[Exchange]:
-    """``n`` exchanges drawn from stdlib functions, each fitting ``max_tokens`` (prompt + reply)."""
+    """``n`` exchanges drawn from functions of the source files (default the standard library),
+    each fitting ``max_tokens`` (prompt + reply)."""
     rng = random.Random(seed)
-    pool = stdlib_functions(min(max(n, 1000), 8000), seed)
+    pool = source_functions(min(max(n, 1000), 8000), seed, sources=sources, part=part)
     counts = _count_tokens(tokenizer, [f.source for f in pool])
-    # explain prompts carry the whole function and a sentence; complete prompts carry less
+    # complete: the function's source split between prompt and reply; explain: the whole source in
+    # the prompt and the explanation as the reply. 96 tokens for the template and the asks.
     fits = [f for f, c in zip(pool, counts, strict=True) if c + 96 <= max_tokens]
     if not fits:
-        raise ValueError(f"no standard-library function fits in {max_tokens} tokens")
-    explainable = [f for f in fits if f.doc and f.doc.strip()]
+        raise ValueError(f"no function of the sources fits in {max_tokens} tokens")
+    documented = [f for f in fits if f.doc and f.doc.strip()]
+    explained = _count_tokens(tokenizer, [f.source + _explanation(f) for f in documented])
+    explainable = [f for f, c in zip(documented, explained, strict=True) if c + 96 <= max_tokens]
     out = []
     for _ in range(n):
         if explainable and rng.random() < 0.35:
@@ -293,8 +317,11 @@ def generate_traffic(
     input_only_fraction: float = 0.1,
     base64_fraction: float = 0.4,
     start: datetime | None = None,
+    sources: tuple[str, ...] | None = None,
+    part: str = "all",
 ) -> dict[str, Any]:
-    """Write ``requests`` synthetic captured requests under ``out``; returns a summary.
+    """Write ``requests`` synthetic captured requests under ``out``; returns a summary. ``sources``
+    and ``part`` choose the source files (see :func:`source_files`).
 
     ``sagemaker`` files land in the Data Capture layout ``out/endpoint/variant/yyyy/mm/dd/hh/``;
     ``openai`` and ``sharegpt`` as ``out/<fmt>-NNNNN.jsonl``. Same seed, same files.
@@ -304,7 +331,9 @@ def generate_traffic(
     if requests < 1:
         raise ValueError("requests must be at least 1")
     tokenizer = _load_tokenizer(target)
-    exchanges = synthesize(requests, seed=seed, tokenizer=tokenizer, max_tokens=max_tokens)
+    exchanges = synthesize(
+        requests, seed=seed, tokenizer=tokenizer, max_tokens=max_tokens, sources=sources, part=part
+    )
     rng = random.Random(seed + 1)
     when = start or datetime(2026, 4, 29, tzinfo=timezone.utc)
     files: list[str]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aerie.engine.adaptive import adaptive_policy
 from aerie.engine.engine import Engine, EngineConfig
 from aerie.engine.ngram import NgramProposer
 from aerie.engine.proposers import Eagle3Proposer, PEagleProposer, Proposer
@@ -15,6 +16,7 @@ from aerie.target import Target
 METHODS = ("none", "ngram", "eagle3", "peagle", "eagle")
 HEAD_METHODS = ("eagle3", "peagle", "eagle")
 NGRAM_K = 4
+AUTO = "auto"
 
 
 def check_method(method: str, head: object | None, tree: bool | None = None) -> None:
@@ -63,13 +65,24 @@ def build_engine(
     config: EngineConfig,
     method: str = "none",
     head: DraftHead | str | Path | None = None,
-    k: int = 0,
+    k: int | str = 0,
     tree: bool | None = None,
     tree_top_k: int = 4,
     tree_tokens: int = 16,
+    max_k: int = 0,
+    calibration_cache: bool = True,
 ) -> Engine:
     """`head` is a loaded head or a head directory (local or s3://); `k` draft tokens per step
-    (0: the head's own default; for a tree, its depth). `tree` drafts an EAGLE-2 dynamic tree
-    (default for `eagle`; `eagle3` heads can too) of at most `tree_tokens` tokens with the root."""
-    proposer = build_proposer(target, config, method, head, k, tree, tree_top_k, tree_tokens)
-    return Engine(target, config, proposer)
+    (0: the head's own default; for a tree, its depth), or "auto": adaptive speculation picks K
+    from 0..`max_k` (0: the head's default; `NGRAM_K` for prompt lookup) every step
+    (`adaptive.py`; calibrates at start, cached unless `calibration_cache` is False). `tree`
+    drafts an EAGLE-2 dynamic tree (default for `eagle`; `eagle3` heads can too) of at most
+    `tree_tokens` tokens with the root."""
+    if k != AUTO and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+        raise ValueError(f"k must be an integer >= 0 or {AUTO!r}, got {k!r}")
+    adaptive = k == AUTO
+    proposer = build_proposer(target, config, method, head, max_k if adaptive else k, tree, tree_top_k, tree_tokens)
+    engine = Engine(target, config, proposer)
+    if adaptive and proposer.k:
+        engine.policy = adaptive_policy(engine, cache=calibration_cache)
+    return engine

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aerie.engine.adaptive import AdaptivePolicy
 from aerie.engine.cache import SlotKVCache
 from aerie.engine.detokenizer import TextStream
 from aerie.engine.layout import BlockLayout, pad_rows
@@ -68,8 +69,18 @@ class Completion:
 
 
 class Engine:
-    def __init__(self, target: Target, config: EngineConfig | None = None, proposer: Proposer | None = None) -> None:
+    """`policy` chooses K every step (adaptive speculation, `adaptive.py`); without one every step
+    drafts the proposer's K."""
+
+    def __init__(
+        self,
+        target: Target,
+        config: EngineConfig | None = None,
+        proposer: Proposer | None = None,
+        policy: AdaptivePolicy | None = None,
+    ) -> None:
         self.target = target
+        self.policy = policy
         self.config = config or EngineConfig()
         self.proposer = proposer or Proposer()
         self.device = target.device
@@ -211,8 +222,8 @@ class Engine:
         return outputs
 
     def draft_length(self, rows: list[Request]) -> int:
-        """K for this step: the proposer's."""
-        return self.proposer.k
+        """K for this step: the policy's choice for this many decoding rows, else the proposer's."""
+        return self.policy.choose(len(rows)) if self.policy is not None else self.proposer.k
 
     def _decode(self, rows: list[Request]) -> list[RequestOutput]:
         """Draft, verify all rows in one target forward, keep each row's accepted path + one token."""
@@ -274,6 +285,8 @@ class Engine:
         The features of the kept positions (the last committed token, then the accepted nodes)
         go to the proposer."""
         self.stats.record_decode(max(drafted), len(rows), sum(len(tokens) for _, tokens in paths))
+        if self.policy is not None:
+            self.policy.observe(drafted, [len(path) for path, _ in paths])
         outputs = []
         for row, (request, proposed, (path, tokens)) in enumerate(zip(rows, drafted, paths, strict=True)):
             if proposed:

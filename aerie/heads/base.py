@@ -37,6 +37,8 @@ class DraftHead(nn.Module):
         if config.method != self.method:
             raise ValueError(f"{type(self).__name__} needs method={self.method!r}, config says {config.method!r}")
         self.config = config
+        self.eval_metrics: dict[str, float] = {}
+        """How the head drafted on held-out data (`fit.evaluate`'s summary), when known."""
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(config.embed_trainable)
 

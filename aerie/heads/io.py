@@ -93,21 +93,29 @@ def speculators_config(config: HeadConfig, speculative_tokens: int | None = None
     return out
 
 
-def save_head(head: DraftHead, path: str | Path, speculative_tokens: int | None = None) -> str:
-    """Write `config.json` + `model.safetensors` to a directory (local or `s3://`)."""
+def save_head(
+    head: DraftHead, path: str | Path, speculative_tokens: int | None = None, eval_metrics: dict | None = None
+) -> str:
+    """Write `config.json` + `model.safetensors` to a directory (local or `s3://`). `eval_metrics`
+    (an evaluation summary: `acc_d`, `chain_d`, `tau`) go into config.json as `aerie_eval`; the
+    head's own are kept otherwise. Adaptive speculation starts from them."""
     path = str(path)
     if path.startswith("s3://"):
         from aerie import storage
 
         with tempfile.TemporaryDirectory() as tmp:
-            save_head(head, tmp, speculative_tokens)
+            save_head(head, tmp, speculative_tokens, eval_metrics)
             storage.upload(tmp, path)
         return path
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     state = {name: t.detach().to("cpu").contiguous().clone() for name, t in head.trainable_state_dict().items()}
     save_file(state, str(out / WEIGHTS_NAME), metadata={"format": "pt", "method": head.method})
-    text = json.dumps(speculators_config(head.config, speculative_tokens), indent=2) + "\n"
+    config = speculators_config(head.config, speculative_tokens)
+    metrics = eval_metrics if eval_metrics is not None else head.eval_metrics
+    if metrics:
+        config["aerie_eval"] = {k: float(v) for k, v in metrics.items()}
+    text = json.dumps(config, indent=2) + "\n"
     (out / CONFIG_NAME).write_text(text)
     return str(out)
 
@@ -184,6 +192,7 @@ def load_head(
                 f"head {path}: {name} is {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
             )
     head.load_state_dict(state, strict=False)
+    head.eval_metrics = json.loads((Path(local) / CONFIG_NAME).read_text()).get("aerie_eval", {})
     device = device if device is not None else target.device
     head = head.to(device=device)
     if dtype is not None or target.dtype != torch.float32:

@@ -1,4 +1,5 @@
-"""The tiny target's training text: the Python standard library's own source.
+"""The tiny target's training text: the Python standard library's own source, or other Python
+source folders (installed packages) for a target built on other code.
 
 It ships with every Python, so the build needs no download, and it is real code with real
 structure, so a few minutes of training give a target whose next-token distribution is
@@ -32,6 +33,9 @@ EXCLUDED_DIRS = frozenset(
         "pydoc_data",
         "ensurepip",
         "__pycache__",
+        "_vendor",
+        "vendor",
+        "vendored",
     }
 )
 HELDOUT_ONE_IN = 20
@@ -45,46 +49,54 @@ COMPLETE_ASKS = (
 
 @dataclass(frozen=True)
 class Source:
-    """One standard-library file: its path relative to the stdlib root, and its text."""
+    """One source file: its key (see `python_files`), and its text."""
 
     path: str
     text: str
 
 
-def is_heldout(rel_path: str) -> bool:
-    """About one file in twenty is held out, chosen by a hash of its relative path."""
-    return int(hashlib.sha256(rel_path.encode()).hexdigest(), 16) % HELDOUT_ONE_IN == 0
+def is_heldout(rel_path: str, one_in: int = HELDOUT_ONE_IN) -> bool:
+    """About one file in `one_in` is held out, chosen by a hash of its relative path."""
+    return int(hashlib.sha256(rel_path.encode()).hexdigest(), 16) % one_in == 0
 
 
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def stdlib_paths() -> list[str]:
-    """Relative paths of the corpus files under the stdlib root, sorted."""
-    root = stdlib_root()
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]  # never walk site-packages
-        rel = Path(dirpath).relative_to(root)
-        found += [(rel / f).as_posix() for f in filenames if f.endswith(".py") and not f.startswith("_sysconfigdata")]
-    return sorted(found)
+def python_files(roots: list[str | Path] | None = None) -> dict[str, Path]:
+    """Python files under `roots` (default: the standard library), keyed by a path that is the same
+    on every machine: relative to the stdlib root for the default, else `<root folder name>/<path
+    inside it>` (e.g. `pip/_internal/main.py` for a site-packages folder `.../pip`). Generated
+    tables, tests, vendored and GUI code are skipped (`EXCLUDED_DIRS`); sorted by key."""
+    tops = [(stdlib_root(), "")] if roots is None else [(Path(r), Path(r).name + "/") for r in roots]
+    found: dict[str, Path] = {}
+    for top, prefix in tops:
+        if not top.is_dir():
+            raise FileNotFoundError(f"source folder {top} does not exist")
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]  # never walk site-packages
+            rel = Path(dirpath).relative_to(top)
+            for name in filenames:
+                if name.endswith(".py") and not name.startswith("_sysconfigdata"):
+                    found[prefix + (rel / name).as_posix()] = Path(dirpath) / name
+    return dict(sorted(found.items()))
 
 
-def corpus_paths(max_files: int | None = None) -> tuple[list[str], list[str]]:
-    """(train, held-out) relative paths. ``max_files`` caps the train files (the first in sorted
-    order) and keeps ``max(1, max_files // 10)`` held-out files, for quick test builds."""
-    paths = stdlib_paths()
-    train = [p for p in paths if not is_heldout(p)]
-    heldout = [p for p in paths if is_heldout(p)]
+def corpus_paths(max_files: int | None = None, roots: list[str | Path] | None = None) -> tuple[list[str], list[str]]:
+    """(train, held-out) file keys of `python_files(roots)`. ``max_files`` caps the train files (the
+    first in sorted order) and keeps ``max(1, max_files // 10)`` held-out files, for quick test builds."""
+    keys = list(python_files(roots))
+    train = [p for p in keys if not is_heldout(p)]
+    heldout = [p for p in keys if is_heldout(p)]
     if max_files is not None:
         train, heldout = train[:max_files], heldout[: max(1, max_files // 10)]
     return train, heldout
 
 
-def read_sources(rel_paths: list[str]) -> list[Source]:
-    root = stdlib_root()
-    return [Source(p, (root / p).read_text(encoding="utf-8", errors="replace")) for p in rel_paths]
+def read_sources(keys: list[str], roots: list[str | Path] | None = None) -> list[Source]:
+    files = python_files(roots)
+    return [Source(k, files[k].read_text(encoding="utf-8", errors="replace")) for k in keys]
 
 
 def completion_chats(sources: list[Source], limit: int) -> list[list[dict[str, str]]]:

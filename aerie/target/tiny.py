@@ -39,11 +39,12 @@ from transformers import (
     Qwen3Config,
 )
 
-from aerie.target.corpus import completion_chats, corpus_paths, read_sources
+from aerie.target.corpus import Source, completion_chats, corpus_paths, read_sources
 
 VERSION = 2
 ARCHS = ("llama", "qwen3")
 VOCAB_SIZE = 4096
+HIDDEN_SIZE = 256
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -121,16 +122,19 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> PreTraine
     )
 
 
-def model_config(arch: str, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
-    """hidden 256, 8 layers, 8 query / 4 key-value heads, MLP 768, untied embeddings."""
+def model_config(arch: str, tokenizer: PreTrainedTokenizerFast, hidden_size: int = HIDDEN_SIZE) -> PretrainedConfig:
+    """8 layers, heads of 32 dims (hidden / 32 query heads, half as many key-value heads), MLP 3 x
+    hidden, untied embeddings; hidden 256 by default."""
+    if hidden_size % 64:
+        raise ValueError(f"hidden_size must be a multiple of 64, got {hidden_size}")
     eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     common = dict(
         vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=768,
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
         num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
+        num_attention_heads=hidden_size // 32,
+        num_key_value_heads=hidden_size // 64,
         head_dim=32,
         max_position_embeddings=2048,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
@@ -154,30 +158,39 @@ def build_tiny_target(
     steps: int | None = None,
     *,
     max_files: int | None = None,
+    corpus: list[str | Path] | None = None,
+    hidden_size: int = HIDDEN_SIZE,
+    vocab_size: int = VOCAB_SIZE,
 ) -> Path:
     """Build (or find cached) the tiny target in ``out``; returns ``out``.
 
-    ``steps`` overrides ``minutes``; ``max_files`` caps the corpus (tests). A complete build with
-    the same parameters is reused; anything else in ``out`` (a partial or different build) is
-    replaced, through a temporary directory renamed into place at the end.
+    ``steps`` overrides ``minutes``; ``max_files`` caps the corpus (tests). ``corpus`` are folders of
+    Python source to train on instead of the standard library (e.g. installed packages: a target
+    built on other code than the traffic it will serve). A complete build with the same parameters
+    is reused; anything else in ``out`` (a partial or different build) is replaced, through a
+    temporary directory renamed into place at the end.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, not {arch!r}")
     out = Path(out)
     steps = steps if steps is not None else max(1, round(minutes * STEPS_PER_MINUTE))
-    train_paths, heldout_paths = corpus_paths(max_files)
+    train_paths, heldout_paths = corpus_paths(max_files, corpus)
     params = {
         "version": VERSION,
         "arch": arch,
         "steps": steps,
         "seed": seed,
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": vocab_size,
         "seq_len": SEQ_LEN,
         "batch_size": BATCH_SIZE,
         "lr": LR,
         "max_files": max_files,
         "corpus_files": {"train": len(train_paths), "heldout": len(heldout_paths)},
     }
+    if corpus is not None:
+        params["corpus"] = [Path(c).name for c in corpus]
+    if hidden_size != HIDDEN_SIZE:
+        params["hidden_size"] = hidden_size
     if _cached(out, params):
         print(f"tiny-target: cached at {out}", file=sys.stderr)
         return out
@@ -188,7 +201,8 @@ def build_tiny_target(
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.time_ns()}"
     tmp.mkdir(parents=True)
     try:
-        results = _build(tmp, arch, steps, seed, train_paths, heldout_paths)
+        train_src, heldout_src = read_sources(train_paths, corpus), read_sources(heldout_paths, corpus)
+        results = _build(tmp, arch, steps, seed, train_src, heldout_src, hidden_size, vocab_size)
         (tmp / "build.json").write_text(json.dumps({"params": params, "results": results}, indent=2) + "\n")
         if _cached(out, params):  # a concurrent build of the same parameters finished first
             shutil.rmtree(tmp)
@@ -220,7 +234,16 @@ def _cached(out: Path, params: dict) -> bool:
         return False
 
 
-def _build(out: Path, arch: str, steps: int, seed: int, train_paths: list[str], heldout_paths: list[str]) -> dict:
+def _build(
+    out: Path,
+    arch: str,
+    steps: int,
+    seed: int,
+    train_src: list[Source],
+    heldout_src: list[Source],
+    hidden_size: int,
+    vocab_size: int,
+) -> dict:
     """Tokenizer, data, init, training, evaluation, samples; writes the HF files into ``out``."""
     started = time.perf_counter()
     threads = torch.get_num_threads()
@@ -228,8 +251,7 @@ def _build(out: Path, arch: str, steps: int, seed: int, train_paths: list[str], 
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            train_src, heldout_src = read_sources(train_paths), read_sources(heldout_paths)
-            tokenizer = train_tokenizer([s.text for s in train_src])
+            tokenizer = train_tokenizer([s.text for s in train_src], vocab_size)
             chats = [tokenizer.apply_chat_template(c, tokenize=False) for c in completion_chats(train_src, CHATS)]
             gen = torch.Generator().manual_seed(seed)
             docs = [s.text for s in train_src] + chats
@@ -237,7 +259,9 @@ def _build(out: Path, arch: str, steps: int, seed: int, train_paths: list[str], 
             train = _chunks(tokenizer, [docs[i] for i in order])
             heldout = _chunks(tokenizer, [s.text for s in heldout_src])
 
-            model = AutoModelForCausalLM.from_config(model_config(arch, tokenizer), attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_config(
+                model_config(arch, tokenizer, hidden_size), attn_implementation="sdpa"
+            )
             eot, im_end = (tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>"))
             model.generation_config = GenerationConfig(eos_token_id=[eot, im_end], pad_token_id=eot)
             train_seconds = _train(model, train, steps, gen)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from aerie import storage
 from aerie.cli import app
 from aerie.formats import ChatEncoder, parse_line
-from aerie.traffic import generate_traffic, stdlib_functions, synthesize
+from aerie.traffic import generate_traffic, source_functions, synthesize
 
 LAYOUT = re.compile(r"/aerie-demo/AllTraffic/\d{4}/\d{2}/\d{2}/\d{2}/[0-9a-f-]{36}\.jsonl$")
 
@@ -61,7 +61,7 @@ def test_traffic_fits_the_target_and_replies_are_real_source(sagemaker_dir, toke
     records = [parse_line(ln) for ln in _lines(str(sagemaker_dir))]
     encoded = encoder.encode_batch([(r.conversation(with_reply=False), r.reply) for r in records])
     assert all(e.status == "ok" for e in encoded)
-    bodies = {f.body for f in stdlib_functions(1000, 3)}  # the pool synthesize(400, seed=3) draws from
+    bodies = {f.body for f in source_functions(1000, 3)}  # the pool synthesize(400, seed=3) draws from
     completions = [r for r in records if r.has_reply and not r.reply.startswith("`")]
     assert completions and sum(r.reply in bodies for r in completions) == len(completions)
 

@@ -1,0 +1,92 @@
+"""Adaptive speculation: the policy on synthetic costs and acceptance (no timing), and the engine
+with k="auto" (lossless, calibrated, K per step counted)."""
+
+from __future__ import annotations
+
+import pytest
+from random_models import hf_greedy, random_prompts
+
+from aerie.engine import EngineConfig, SamplingParams
+from aerie.engine.adaptive import Acceptance, AdaptivePolicy, StepCosts
+from aerie.engine.build import build_engine
+
+DEPTHS = [1, 2, 3, 4, 5]
+ROWS = [1, 2, 4, 8, 16, 32]
+
+
+def costs(verify_per_token: float, draft_per_step: float, base: float = 10.0, per_row: float = 1.0) -> StepCosts:
+    """A target forward of `tokens` per row over `rows` rows costs base + rows x per_row x (1 + tokens x
+    verify_per_token) ms; drafting K costs K x draft_per_step x (1 + rows / 8) ms."""
+    verify = {(r, t): base + r * per_row * (1 + t * verify_per_token) for r in ROWS for t in range(1, 7)}
+    draft = {(r, k): k * draft_per_step * (1 + r / 8) for r in ROWS for k in DEPTHS}
+    return StepCosts(ROWS, verify, draft)
+
+
+def policy(step_costs: StepCosts, rate: float, **options) -> AdaptivePolicy:
+    chain = [rate ** (d + 1) for d in range(len(DEPTHS))]
+    acceptance = Acceptance.seeded(len(DEPTHS), chain, weight=1e6)  # a prior this heavy never moves
+    return AdaptivePolicy(DEPTHS, {0: 1} | {k: k + 1 for k in DEPTHS}, step_costs, acceptance, **options)
+
+
+def best_by_hand(p: AdaptivePolicy, rows: int) -> int:
+    scores = {k: rows * p.acceptance.expected_tokens(k) / p.costs.step(rows, k, k + 1) for k in [0, *DEPTHS]}
+    best = max(scores, key=scores.get)
+    return best if scores[best] >= scores[0] * (1 + p.margin) else 0
+
+
+def test_expected_tokens_follow_the_chain_rates():
+    acceptance = Acceptance.seeded(3, [0.8, 0.6, 0.3], weight=100)
+    assert acceptance.expected_tokens(0) == pytest.approx(1.0)
+    assert acceptance.expected_tokens(3) == pytest.approx(1 + 0.8 + 0.6 + 0.3)
+    acceptance.update([3, 3, 0], [3, 0, 0])  # one row accepted all, one none, one did not draft
+    assert acceptance.drafted / acceptance.offered < 1
+    assert acceptance.expected_tokens(1) < 1 + 0.8
+
+
+def test_expensive_verification_or_low_acceptance_turns_speculation_off():
+    expensive = policy(costs(verify_per_token=4.0, draft_per_step=0.5, base=0.0), rate=0.8)
+    assert all(expensive.choose(rows) == 0 for rows in ROWS)
+    hopeless = policy(costs(verify_per_token=0.05, draft_per_step=0.5), rate=0.05)
+    assert all(hopeless.choose(rows) == 0 for rows in ROWS)
+
+
+def test_picks_the_k_the_model_says_is_best_at_each_load():
+    chosen = {}
+    for rows in ROWS:
+        p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8)
+        chosen[rows] = p.choose(rows)
+        assert chosen[rows] == best_by_hand(p, rows)
+    assert chosen[1] >= 3 and chosen[32] < chosen[1], chosen  # deep drafts at low load, fewer at high load
+
+
+def test_constant_load_does_not_oscillate():
+    p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, probe_every=10**9)
+    for rows in ROWS:
+        picks = [p.choose(rows) for _ in range(50)]
+        assert len(set(picks[1:])) == 1, (rows, picks)
+
+
+def test_off_probes_now_and_then_and_live_acceptance_turns_it_back_on():
+    p = policy(costs(verify_per_token=0.05, draft_per_step=0.2), rate=0.05, probe_every=8)
+    p.acceptance = Acceptance.seeded(len(DEPTHS), [0.05**d for d in range(1, 6)], weight=20)
+    picks = [p.choose(1) for _ in range(16)]
+    assert picks.count(0) == 14 and all(k > 0 for k in picks[7::8])
+    for _ in range(200):  # the head turns out to be good: every draft fully accepted
+        p.observe([5], [5])
+    assert p.choose(1) > 0
+
+
+@pytest.mark.parametrize(("method", "tree"), [("ngram", False), ("eagle3", False), ("peagle", False), ("eagle3", True)])
+def test_auto_k_is_lossless_and_counts_k_per_step(llama_with_heads, method, tree):
+    target, heads = llama_with_heads
+    prompts = [p + p[:5] for p in random_prompts([5, 23, 9, 17], seed=8)]
+    expected = [hf_greedy(target.model, p, 20) for p in prompts]
+    engine = build_engine(
+        target, EngineConfig(max_slots=3, max_len=96), method, heads.get(method), "auto", tree=tree,
+        calibration_cache=False,
+    )
+    results = engine.generate(prompts, SamplingParams(max_tokens=20))
+    assert [r.token_ids for r in results] == expected
+    assert sum(engine.stats.k_histogram.values()) == engine.stats.decode_steps
+    assert set(engine.stats.k_histogram) <= {0, *range(1, engine.proposer.k + 1)}
+    assert engine.policy.costs.rows == [1, 2, 3]
