@@ -185,14 +185,15 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     window = {"loss": 0.0, "steps": 0.0, "tokens": 0.0, "loss_tokens": 0.0, "seconds": 0.0, "data_seconds": 0.0}
     last = {"grad_norm": 0.0, "lr": 0.0, "report_time": time.monotonic()}
     last_eval: dict[str, float] = {}
+    last_summary: dict[str, float] = {}
 
     def evaluate() -> None:
         """Every rank evaluates its share; updates the best score and the early-stopping count."""
-        nonlocal last_eval
+        nonlocal last_eval, last_summary
         part = eval_totals(head, target, eval_examples[rank::world], tc.eval_depth, tc.eval_batch_size,
                            tc.max_length, loss_config=tc)
-        last_eval = EvalTotals.from_vector(comm.sum(part.vector(tc.eval_depth)), tc.eval_depth).metrics()
-        last_eval["eval_step"] = state.step
+        totals = EvalTotals.from_vector(comm.sum(part.vector(tc.eval_depth)), tc.eval_depth)
+        last_eval, last_summary = {**totals.metrics(), "eval_step": state.step}, totals.summary()
         score, best = last_eval.get(SCORE), state.best_eval_acc_1
         if score is None:
             return
@@ -229,6 +230,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         if checkpoint_due:
             rng = comm.gather(generator.get_state())
             if rank == 0:
+                # the head file carries the evaluation of these weights (adaptive k starts from it)
+                head.eval_metrics = last_summary if last_eval.get("eval_step") == state.step else {}
                 tmp = tempfile.mkdtemp(prefix="aerie-ckpt-")
                 write_checkpoint(tmp, head, optimizer, scheduler, state, rng, speculative_tokens=cfg.k)
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)

@@ -4,7 +4,8 @@ One implementation for every caller: :func:`aerie.heads.fit.evaluate` (the singl
 agreement only) and the data-parallel job, where each worker calls :func:`eval_totals` on its share
 of the examples with its training settings (so the loss is counted too); the totals are plain sums
 (:meth:`EvalTotals.vector` for one all-reduce), and :meth:`EvalTotals.metrics` turns the summed
-totals into ``eval_loss``, ``eval_acc_d``, ``eval_chain_d``, ``eval_tau`` and ``eval_tokens``.
+totals into ``eval_loss``, ``eval_acc_d``, ``eval_chain_d``, ``eval_tau`` and ``eval_tokens``
+(:meth:`EvalTotals.summary`: the same without prefix and loss, as head files keep it).
 """
 
 from __future__ import annotations
@@ -43,15 +44,15 @@ class EvalTotals:
             correct=values[2 : 2 + depth], chain=values[2 + depth : 2 + 2 * depth], count=values[2 + 2 * depth :]
         ))
 
-    @property
-    def eval_tokens(self) -> float:
-        """Reply positions counted at depth 1."""
-        return self.agreement.count[0] if self.agreement.count else 0.0
+    def summary(self) -> dict[str, float]:
+        """``acc_d``, ``chain_d``, ``tau`` and ``eval_tokens`` (reply positions counted at depth 1):
+        what :func:`aerie.heads.fit.evaluate` returns and a head file keeps (``eval_metrics``)."""
+        return {**self.agreement.summary(), "eval_tokens": self.agreement.count[0] if self.agreement.count else 0.0}
 
     def metrics(self) -> dict[str, float]:
-        out = {f"eval_{k}": v for k, v in self.agreement.summary().items()}
+        """The summary as the training job reports it (``eval_`` prefixed), with ``eval_loss``."""
+        out = {k if k.startswith("eval_") else f"eval_{k}": v for k, v in self.summary().items()}
         out["eval_loss"] = self.loss_sum / self.tokens if self.tokens else float("nan")
-        out["eval_tokens"] = self.eval_tokens
         return out
 
 

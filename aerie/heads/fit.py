@@ -234,8 +234,7 @@ def evaluate(
     `eval_tokens` (`aerie.heads.evaluation.eval_totals`, the job's evaluation, without the loss)."""
     from aerie.heads.evaluation import eval_totals  # it builds on this module
 
-    totals = eval_totals(unwrap_head(head), target, examples, depth, batch_size, max_length)
-    return {**totals.agreement.summary(), "eval_tokens": totals.eval_tokens}
+    return eval_totals(unwrap_head(head), target, examples, depth, batch_size, max_length).summary()
 
 
 @dataclass

@@ -78,6 +78,7 @@ def test_two_workers_train_and_export_a_lossless_head(baseline, target):
 
     head = load_head(cfg.out, target)
     assert head.method == "eagle3" and head.config.speculative_tokens == K
+    assert head.eval_metrics["acc_1"] == summary["best_metrics"]["eval_acc_1"]  # the file carries its eval
     assert int(head.t2d.sum()) == 512
     prompts = torch.randint(3, target.vocab_size, (4, 8), generator=torch.Generator().manual_seed(99)).tolist()
     params = SamplingParams(max_tokens=24)
