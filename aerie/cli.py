@@ -46,7 +46,9 @@ def tiny_target(
 def generate(
     target: Annotated[str, typer.Option(help="Target model directory (local or s3://).")],
     prompt: Annotated[list[str] | None, typer.Option(help="A prompt; repeat for several.")] = None,
-    prompts: Annotated[Path | None, typer.Option(help="A file with one prompt per line.")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        help="A .jsonl file of records ({\"prompt\"} or {\"messages\"}, as ingest reads them), or one prompt per line."
+    )] = None,
     method: Annotated[str, typer.Option(help="Proposer: none|ngram|eagle3|peagle|eagle.")] = "none",
     head: Annotated[str | None, typer.Option(help="Draft head directory.")] = None,
     k: Annotated[str, typer.Option(
@@ -62,11 +64,14 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt and line.")] = False,
 ) -> None:
     """Generate with the speculative engine in-process (no Ray)."""
-    from aerie.generate import run_generate
+    from aerie.generate import read_prompt_file, run_generate
 
-    texts = list(prompt or [])
+    texts: list = list(prompt or [])
     if prompts is not None:
-        texts += [line for line in prompts.read_text().splitlines() if line.strip()]
+        try:
+            texts += read_prompt_file(prompts)
+        except (OSError, ValueError) as e:
+            raise typer.BadParameter(str(e), param_hint="--prompts") from None
     if not texts:
         raise typer.BadParameter("give --prompt TEXT or --prompts FILE")
     for result in run_generate(
@@ -130,9 +135,12 @@ def traffic(
 def ingest(
     input: Annotated[str, typer.Option("--input", help="Captured traffic: folder, file or s3:// prefix.")],
     target: Annotated[str, typer.Option(help="Target model dir (tokenizer + chat template), local or s3://.")],
-    out: Annotated[str, typer.Option(help="Output folder or s3:// prefix (train/, eval/, quarantine/).")],
+    out: Annotated[str, typer.Option(help="Output folder or s3:// prefix (manifest.json + its version folder).")],
     max_tokens: Annotated[int, typer.Option(help="Longest example kept, in tokens.")] = 2048,
     eval_fraction: Annotated[float, typer.Option(help="Share of records (by id hash) held out for eval.")] = 0.05,
+    eval_min_records: Annotated[int, typer.Option(
+        help="Eval holds at least this many records, up to a quarter of them."
+    )] = 16,
     max_line_bytes: Annotated[int, typer.Option(help="Longer raw lines are quarantined.")] = 16 * 1024 * 1024,
     progress: Annotated[bool, typer.Option(help="Show Ray Data progress bars.")] = True,
     regenerate: Annotated[bool, typer.Option(
@@ -143,6 +151,9 @@ def ingest(
     regenerate_seed: Annotated[int, typer.Option(help="Per-record seeds are hashed from this and the id.")] = 0,
     regenerate_actors: Annotated[int, typer.Option(help="Engine actors in the regeneration pool.")] = 1,
     regenerate_num_gpus: Annotated[float, typer.Option(help="GPUs per regeneration actor (1 on GPUs).")] = 0.0,
+    regenerate_max_failure_rate: Annotated[float, typer.Option(
+        help="Share of rows the engine may fail on before the job fails."
+    )] = 0.01,
 ) -> None:
     """Captured traffic -> tokenized Parquet with loss masks, quarantine and manifest (Ray Data);
     --regenerate rewrites the replies with the target itself."""
@@ -153,10 +164,11 @@ def ingest(
     try:
         cfg = IngestConfig(
             input=input, target=target, out=out, max_tokens=max_tokens, eval_fraction=eval_fraction,
-            max_line_bytes=max_line_bytes, progress=progress, regenerate=regenerate,
-            regenerate_max_tokens=regenerate_max_tokens, regenerate_temperature=regenerate_temperature,
-            regenerate_seed=regenerate_seed, regenerate_actors=regenerate_actors,
-            regenerate_num_gpus=regenerate_num_gpus,
+            eval_min_records=eval_min_records, max_line_bytes=max_line_bytes, progress=progress,
+            regenerate=regenerate, regenerate_max_tokens=regenerate_max_tokens,
+            regenerate_temperature=regenerate_temperature, regenerate_seed=regenerate_seed,
+            regenerate_actors=regenerate_actors, regenerate_num_gpus=regenerate_num_gpus,
+            regenerate_max_failure_rate=regenerate_max_failure_rate,
         )
     except ValidationError as e:
         raise typer.BadParameter(format_validation_error(e)) from None
@@ -170,12 +182,14 @@ def ingest(
 
 @app.command()
 def train(
-    data: Annotated[str | None, typer.Option(help="Ingest output (train/ + eval/ Parquet), local or s3://.")] = None,
+    data: Annotated[str | None, typer.Option(help="Ingest output (its manifest.json), local or s3://.")] = None,
     target: Annotated[str | None, typer.Option(help="Target model directory, local or s3://.")] = None,
     method: Annotated[str | None, typer.Option(help="eagle3 | peagle | eagle.")] = None,
     out: Annotated[str | None, typer.Option(help="Where the trained head is exported (local or s3://).")] = None,
     workers: Annotated[int | None, typer.Option(help="Ray Train workers (DDP). [default: 2]")] = None,
-    epochs: Annotated[int | None, typer.Option(help="Passes over the training data. [default: 1]")] = None,
+    epochs: Annotated[int | None, typer.Option(
+        help="Passes over the training data. [default: the automatic budget, with early stopping]"
+    )] = None,
     warm_start: Annotated[str | None, typer.Option(help="Start from this head directory.")] = None,
     config: Annotated[str | None, typer.Option(help="YAML config file; flags override it.")] = None,
     name: Annotated[str | None, typer.Option(help="Run name; rerunning with the same name resumes.")] = None,

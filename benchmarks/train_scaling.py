@@ -148,7 +148,7 @@ def main() -> None:
     ray.init(num_cpus=2, object_store_memory=1024**3, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     data = Path(args.data).resolve() if args.data else out / "data"
-    if not (data / "train").exists():
+    if not (data / "manifest.json").is_file():  # an ingest output is found through its manifest
         data = build_demo_data(args.target, out, args.requests)
     path = out / "results.json"
     results: dict = json.loads(path.read_text()) if path.is_file() else {"runs": []}

@@ -8,8 +8,8 @@ Parquet (``<data>/train/``, ``<data>/eval/``; or any Parquet folder with ``input
 ``loss_mask``) and its features are written next to the tokens, in the layout that
 :mod:`aerie.features` documents and reads::
 
-    <out>/features/index.json
-    <out>/features/<split>/shard-00000.safetensors   input_ids, loss_mask, features, offsets
+    <out>/features/index.json                                the pointer, written last
+    <out>/features/gen-<time>-<id>/<split>/shard-00000.safetensors   input_ids, loss_mask, features, offsets
 
 ``--method eagle3`` (and ``peagle``) stores the fused EAGLE-3 taps ``[T, 3H]``, ``--method eagle``
 the last hidden state ``[T, H]``; ``--dtype bfloat16`` (the default) or ``float16`` halves the size
@@ -20,7 +20,9 @@ each, in file and row order (so names and contents are the same on every run); a
 (``--actors``, ``--num-gpus`` per actor; one GPU each on a cluster) loads the target once per
 actor, reads its shard's rows straight from Parquet, runs them through the target in right-padded
 batches of at most ``--batch-tokens`` tokens with a 2-D attention mask, and writes the shard.
-The driver writes ``index.json`` last, so a reader never sees a partial run as complete.
+Each run writes a new ``gen-*`` version and then replaces ``index.json`` (whose shard paths name
+it), so a reader sees the previous complete features or the new ones, never a mix; the previous
+version is kept for readers already in it, older ones are deleted.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aerie import storage
+from aerie.data.ingest_output import split_uri
 from aerie.features import DTYPES, FORMAT, INDEX, compute_features, feature_kind, pack_shard
 from pipelines.ingest import data_context, format_validation_error
 
@@ -80,7 +83,7 @@ def input_splits(data: str) -> dict[str, list[str]]:
     Parquet file under ``data`` as ``train``."""
     found = {}
     for split in SPLITS:
-        uri = storage.join(data, split)
+        uri = split_uri(data, split)
         if storage.is_dir(uri):
             files = storage.list_files(uri, (".parquet",))
             if files:
@@ -101,9 +104,10 @@ def _row_lengths(fs: pafs.FileSystem, path: str) -> list[int]:
     return pc.list_value_length(ids).to_pylist()
 
 
-def plan_shards(splits: dict[str, list[str]], shard_tokens: int) -> list[dict[str, Any]]:
-    """Cut each split's rows, in file and row order, into shards of about ``shard_tokens`` tokens.
-    A shard is a list of ``[file path, first row, end row]`` segments (it may span files)."""
+def plan_shards(splits: dict[str, list[str]], shard_tokens: int, folder: str = "") -> list[dict[str, Any]]:
+    """Cut each split's rows, in file and row order, into shards of about ``shard_tokens`` tokens,
+    named ``<folder>/<split>/shard-NNNNN.safetensors``. A shard is a list of ``[file path, first
+    row, end row]`` segments (it may span files)."""
     plan: list[dict[str, Any]] = []
     for split, files in splits.items():
         shard: dict[str, Any] = {"segments": [], "rows": 0, "tokens": 0}
@@ -113,8 +117,9 @@ def plan_shards(splits: dict[str, list[str]], shard_tokens: int) -> list[dict[st
             nonlocal shard
             if shard["rows"]:
                 n = len(plan) - first
-                plan.append({"split": split, "shard": n, "path": f"{split}/shard-{n:05d}.safetensors",
-                             **shard, "segments": json.dumps(shard["segments"])})
+                path = f"{folder}/{split}/shard-{n:05d}.safetensors".lstrip("/")
+                plan.append({"split": split, "shard": n, "path": path, **shard,
+                             "segments": json.dumps(shard["segments"])})
             shard = {"segments": [], "rows": 0, "tokens": 0}
 
         for uri in files:
@@ -229,10 +234,10 @@ def _run(cfg: FeaturizeConfig) -> dict[str, Any]:
     if any(f.startswith(root_uri.rstrip("/") + "/") for files in splits.values() for f in files):
         raise ValueError(f"--data must not be inside {root_uri}, which is replaced")
     bytes_per_token = dim * DTYPES[cfg.dtype].itemsize
-    plan = plan_shards(splits, max(1, int(cfg.shard_mb * 1e6 / bytes_per_token)))
+    generation = storage.new_generation()
+    plan = plan_shards(splits, max(1, int(cfg.shard_mb * 1e6 / bytes_per_token)), generation)
     t_plan = time.monotonic() - t0
 
-    storage.delete(root_uri)  # replace, never append
     in_fs, _ = storage.resolve(next(iter(splits.values()))[0])
     stats: list[dict[str, Any]] = []
     if plan:
@@ -244,6 +249,7 @@ def _run(cfg: FeaturizeConfig) -> dict[str, Any]:
             num_gpus=cfg.num_gpus or None,
             batch_size=1,  # one shard per call
             batch_format="pyarrow",
+            runtime_env={"env_vars": storage.worker_env()},  # the driver's S3, whenever Ray started
         )
         stats = sorted(ds.take_all(), key=lambda s: (SPLITS.index(s["split"]) if s["split"] in SPLITS else 9,
                                                      s["shard"]))
@@ -264,6 +270,7 @@ def _run(cfg: FeaturizeConfig) -> dict[str, Any]:
     tokens = sum(s["tokens"] for s in stats)
     index = {
         "format": FORMAT,
+        "generation": generation,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "method": cfg.method,
         "feature_kind": kind,
@@ -284,7 +291,7 @@ def _run(cfg: FeaturizeConfig) -> dict[str, Any]:
         "timings_s": {"plan": round(t_plan, 3), "featurize": round(seconds, 3),
                       "tokens_per_s": round(tokens / seconds, 1) if seconds else None},
     }
-    storage.write_json(storage.join(root_uri, INDEX), index)
+    storage.publish_generation(root_uri, INDEX, index, legacy=SPLITS)
     return index
 
 

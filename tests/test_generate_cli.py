@@ -64,3 +64,34 @@ def test_bad_method_and_missing_head_fail_clearly(tiny_target_dir):
     )
     assert done.returncode != 0
     assert "needs a draft head" in done.stderr
+
+
+def test_prompts_file_reads_jsonl_records_and_names_a_broken_line(tmp_path):
+    """Multi-line prompts in .jsonl records (the ingest parsers), one per line in .txt; a broken
+    line is reported with its number."""
+    from typer.testing import CliRunner
+
+    from aerie.cli import app
+    from aerie.generate import read_prompt_file
+
+    code = "def add(a, b):\n    return a + b\n"
+    good = tmp_path / "prompts.jsonl"
+    good.write_text(json.dumps({"prompt": code}) + "\n\n"
+                    + json.dumps({"messages": [{"role": "user", "content": "Explain:\n" + code}]}) + "\n")
+    assert read_prompt_file(good) == [code, [{"role": "user", "content": "Explain:\n" + code}]]
+    plain = tmp_path / "prompts.txt"
+    plain.write_text("one\n\ntwo\n")
+    assert read_prompt_file(plain) == ["one", "two"]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps({"prompt": "fine"}) + "\n{\"prompt\": \"cut off\n")
+    result = CliRunner().invoke(app, ["generate", "--target", "unused", "--prompts", str(broken)])
+    assert result.exit_code != 0 and "line 2" in result.output
+
+
+def test_generate_json_from_a_jsonl_file(tiny_target_dir, tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "def f(x):\n    return"}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    out = run_cli("--target", str(tiny_target_dir), "--prompts", str(path), "--max-tokens", "4")
+    assert len(out) == 2 and out[0]["prompt"] == "def f(x):\n    return" and out[1]["prompt"][0]["content"] == "hi"
+    assert all(len(o["token_ids"]) <= 4 for o in out)

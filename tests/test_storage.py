@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 
 import pyarrow.fs as pafs
@@ -118,3 +119,105 @@ def test_s3_endpoint_comes_from_the_environment(s3_server):
 
     assert storage.s3_filesystem("any") is fs
     assert isinstance(pickle.loads(pickle.dumps(fs)), pafs.S3FileSystem)
+
+
+def _publish_files(folder, weights: bytes, config: str):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(weights)
+    (folder / "config.json").write_text(config)
+    return folder
+
+
+def test_s3_download_is_never_stale(s3_bucket, tmp_path, monkeypatch):
+    """Re-exported to the same URI with the same sizes but other bytes: the next download has the
+    new bytes (a size-keyed cache kept the old ones)."""
+    monkeypatch.setenv("AERIE_CACHE", str(tmp_path / "cache"))
+    uri = f"{s3_bucket}/stale/head"
+    storage.upload(str(_publish_files(tmp_path / "v1", b"\x01" * 64, '{"v": 1}')), uri)
+    first = storage.download(uri)
+    assert (first / "model.safetensors").read_bytes() == b"\x01" * 64
+    storage.upload(str(_publish_files(tmp_path / "v2", b"\x02" * 64, '{"v": 2}')), uri)
+    second = storage.download(uri)
+    assert second == first
+    assert (second / "model.safetensors").read_bytes() == b"\x02" * 64
+    assert (second / "config.json").read_text() == '{"v": 2}'
+    single = storage.download(f"{uri}/config.json")
+    assert single.read_text() == '{"v": 2}'
+
+
+def test_publish_dir_replaces_a_local_folder_whole(tmp_path):
+    dest = tmp_path / "out" / "head"
+    storage.publish_dir(_publish_files(tmp_path / "v1", b"a", "1"), str(dest))
+    (tmp_path / "v1" / "extra.txt").write_text("only in v1")
+    storage.publish_dir(tmp_path / "v1", str(dest))
+    storage.publish_dir(_publish_files(tmp_path / "v2", b"b", "2"), str(dest))
+    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "model.safetensors"]
+    assert (dest / "model.safetensors").read_bytes() == b"b"
+    assert [p.name for p in dest.parent.iterdir()] == ["head"]  # no staging or old copy left
+
+
+def test_publish_dir_on_s3_survives_a_writer_killed_mid_write(s3_bucket, tmp_path, monkeypatch):
+    """A publish that dies while uploading leaves the previous version whole and readable; one that
+    dies while swapping is refused by readers instead of read as a mix; publishing again heals it."""
+    monkeypatch.setenv("AERIE_CACHE", str(tmp_path / "cache"))
+    uri = f"{s3_bucket}/published/head"
+    storage.publish_dir(_publish_files(tmp_path / "v1", b"\x01" * 32, '{"v": 1}'), uri)
+    client = storage._s3_client()
+    real_upload, real_copy = client.upload_file, client.copy
+    calls = []
+
+    def dying_upload(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed mid-write")
+        return real_upload(*args, **kwargs)
+
+    v2 = _publish_files(tmp_path / "v2", b"\x02" * 32, '{"v": 2}')
+    monkeypatch.setattr(client, "upload_file", dying_upload)
+    with pytest.raises(KeyboardInterrupt):
+        storage.publish_dir(v2, uri)
+    monkeypatch.setattr(client, "upload_file", real_upload)
+    local = storage.download(uri)
+    assert (local / "model.safetensors").read_bytes() == b"\x01" * 32
+    assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == ["config.json",
+                                                                                      "model.safetensors"]
+
+    def dying_copy(source, bucket, key, *args, **kwargs):
+        raise KeyboardInterrupt("killed while swapping")
+
+    monkeypatch.setattr(client, "copy", dying_copy)
+    with pytest.raises(KeyboardInterrupt):
+        storage.publish_dir(v2, uri)
+    monkeypatch.setattr(client, "copy", real_copy)
+    with pytest.raises(storage.PublishInProgress, match="publish it again"):
+        storage.download(uri, wait_s=0.5)
+    storage.publish_dir(v2, uri)
+    local = storage.download(uri)
+    assert (local / "model.safetensors").read_bytes() == b"\x02" * 32
+    assert not [f for f in storage.list_files(uri) if "_staging" in f]
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket[5:], Prefix="published/")["Contents"]}
+    assert not any("_staging-" in k for k in keys)  # the failed attempts' staging copies are gone too
+
+
+def test_publishing_a_generation_keeps_it_and_the_previous_one(tmp_path):
+    names = [storage.new_generation() for _ in range(3)]
+    assert len(set(names)) == 3 and all(n.startswith("gen-") for n in names)
+    (tmp_path / "train").mkdir()  # a layout before versions
+    for name in names:
+        (tmp_path / name).mkdir()
+        deleted = storage.publish_generation(str(tmp_path), "index.json", {"generation": name}, legacy=("train",))
+    assert deleted == [str(tmp_path / names[0])]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[1], names[2], "index.json"])
+    assert json.loads((tmp_path / "index.json").read_text()) == {"generation": names[2]}
+
+
+def test_worker_env_carries_the_s3_settings_and_only_a_custom_servers_keys(monkeypatch):
+    for name in (*storage.WORKER_SETTINGS, *storage.S3_CREDENTIALS):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert storage.worker_env() == {"AWS_REGION": "eu-west-1"}  # on AWS, workers use their own role
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    assert storage.worker_env() == {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+                                    "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret"}

@@ -54,6 +54,10 @@ class TrainerState:
     metrics: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)  # every report's metrics
     config: dict[str, Any] = field(default_factory=dict)
+    best_eval_acc_1: float | None = None  # the best eval depth-1 agreement so far, and its step
+    best_step: int = 0
+    evals_without_gain: int = 0  # early stopping: evals since the last gain of min_delta
+    trained_rows: list[list[list[str]]] = field(default_factory=list)  # record_rows: [step][rank] -> row ids
 
 
 @dataclass

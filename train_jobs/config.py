@@ -36,7 +36,7 @@ class FitConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # what to train, from what, to where
-    data: str = Field(min_length=1, description="Ingest output (its train/ and eval/ Parquet folders).")
+    data: str = Field(min_length=1, description="Ingest output (its manifest.json names the train and eval splits).")
     target: str = Field(min_length=1, description="Target model directory (local or s3://).")
     method: Method = Field(description="Head family: eagle3 | peagle | eagle.")
     out: str = Field(min_length=1, description="Where the final head is exported (local dir or s3://).")
@@ -56,8 +56,16 @@ class FitConfig(BaseModel):
     k: int = Field(5, ge=1, le=16, description="Depth K of the eval agreement, stored as the head's K.")
 
     # optimisation (aerie.heads.fit.TrainConfig)
-    epochs: int = Field(1, ge=1, le=10_000)
+    epochs: int | None = Field(
+        None, ge=1, le=10_000, description="Passes over the data (default: the automatic budget: at least "
+        "min_steps, up to max_epochs, stopping when eval depth-1 agreement stops improving)."
+    )
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimiser steps.")
+    min_steps: int = Field(300, ge=1, description="Automatic budget: steps trained before early stopping may stop.")
+    max_epochs: int = Field(100, ge=1, description="Automatic budget: the most passes over the data.")
+    patience: int = Field(4, ge=1, description="Automatic budget: evals without a gain of min_delta in eval_acc_1 "
+                          "before stopping.")
+    min_delta: float = Field(0.002, ge=0, description="The least eval_acc_1 gain that counts as improvement.")
     batch_size: int = Field(8, ge=1, le=4096, description="Sequences per worker and step.")
     batch_tokens: int | None = Field(
         None, ge=16, description="Token budget per worker and step (padded); replaces batch_size when set."
@@ -85,14 +93,19 @@ class FitConfig(BaseModel):
         5.0, ge=0, description="Metric-only reports closer together than this are skipped (Ray's controller "
         "takes one report per RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default; more often stalls training)."
     )
-    eval_every: int = Field(0, ge=0, description="Steps between evals (0: at epoch ends and the end only).")
+    eval_every: int | None = Field(
+        None, ge=0, description="Steps between evals (default: about 20 over the run, at least 10 steps apart; "
+        "0: at epoch ends and the end only). Every eval is checkpointed, so the best head can be exported."
+    )
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (also at every epoch end).")
-    num_to_keep: int = Field(2, ge=1, description="Checkpoints kept in storage.")
+    num_to_keep: int = Field(2, ge=1, description="Checkpoints kept in storage besides the latest (the best by "
+                             "eval_acc_1 when there is an eval split).")
     eval_max_examples: int = Field(256, ge=0, description="Eval examples used (the first of the eval split).")
     eval_batch_size: int = Field(8, ge=1)
 
     # data
-    shuffle_buffer: int = Field(256, ge=0, description="Per-worker local shuffle buffer (rows; 0: none).")
+    shuffle_buffer: int = Field(256, ge=0, description="Streamed data: each rank's rows are shuffled within "
+                                "windows of this many rows (0: none; data held in memory is shuffled whole).")
     cache_data_mb: int = Field(
         256, ge=0, description="Training Parquet up to this size is read once and kept in the object store "
         "(epochs then skip the read); larger data is streamed every epoch. 0: always stream."
@@ -107,6 +120,8 @@ class FitConfig(BaseModel):
     max_failures: int = Field(3, ge=-1, description="Worker-group restarts from the last checkpoint.")
     find_unused_parameters: bool = False
     progress: bool = True
+
+    record_rows: bool = Field(False, description="Audit: keep the row ids of every step in the checkpoints.")
 
     # tests only: raise in one worker when it reaches this step in an attempt that did not resume
     fail_at_step: int | None = Field(None, ge=1, description="Testing: inject a worker failure at this step.")
@@ -128,6 +143,11 @@ class FitConfig(BaseModel):
     # ------------------------------------------------------------------ derived values
 
     @property
+    def early_stopping(self) -> bool:
+        """The automatic budget: neither epochs nor max_steps given."""
+        return self.epochs is None and self.max_steps is None
+
+    @property
     def run_name(self) -> str:
         """The explicit name, or one derived from what is trained (so the same command resumes)."""
         if self.name:
@@ -140,7 +160,7 @@ class FitConfig(BaseModel):
         from aerie.heads.fit import TrainConfig
 
         return TrainConfig(
-            epochs=self.epochs,
+            epochs=self.epochs or 1,
             batch_size=self.batch_size,
             max_length=self.max_length,
             lr=self.lr,

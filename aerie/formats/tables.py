@@ -74,12 +74,15 @@ QUARANTINE_SCHEMA = pa.schema(
 )
 
 
-def split_of(record_id: str, eval_fraction: float) -> str:
-    """"train" or "eval", from a hash of the record id (stable across runs and machines)."""
-    if eval_fraction <= 0:
-        return "train"
+def split_point(record_id: str) -> float:
+    """Where a record falls in [0, 1): a hash of its id (stable across runs and machines)."""
     digest = hashlib.blake2b(record_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return "eval" if int.from_bytes(digest, "big") / 2.0**64 < eval_fraction else "train"
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def split_of(record_id: str, eval_fraction: float) -> str:
+    """"eval" for the records whose split point is below ``eval_fraction``, else "train"."""
+    return "eval" if eval_fraction > 0 and split_point(record_id) < eval_fraction else "train"
 
 
 def parse_files(files: Iterable[tuple[str, str]], filesystem: Any, max_line_bytes: int) -> pa.Table:

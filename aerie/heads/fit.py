@@ -14,21 +14,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
 from aerie.heads import new_head
 from aerie.heads.base import DraftHead
-from aerie.heads.config import Method, default_mask_token_id
+from aerie.heads.config import Method
 from aerie.heads.losses import (
-    Agreement,
     HeadBatch,
     LossOutput,
-    chain_agreement,
     eagle_loss,
-    peagle_agreement,
     peagle_loss,
     prepare_batch,
     ttt_loss,
@@ -224,19 +221,6 @@ def prepare_examples(target, head: DraftHead, batch: Sequence[Example], max_leng
     return prepare_batch(target, head, ids, attn, loss_mask)
 
 
-@torch.no_grad()
-def agreement(
-    head: DraftHead, target, batch: Sequence[Example], depth: int = 5, max_length: int | None = None
-) -> Agreement:
-    """Top-1 agreement of the head's drafts with the target at depths 1..depth on one batch, drafted
-    the way the engine drafts (a chain for EAGLE-3 / EAGLE, one forward for P-EAGLE)."""
-    hb = prepare_examples(target, head, batch, max_length)
-    if head.method == "peagle":
-        return peagle_agreement(head, hb, depth)
-    return chain_agreement(head, hb, depth)
-
-
-@torch.no_grad()
 def evaluate(
     head: DraftHead,
     target,
@@ -246,17 +230,11 @@ def evaluate(
     max_length: int | None = None,
 ) -> dict[str, float]:
     """Agreement over a data set: `acc_d`, `chain_d` (per-position acceptance of greedy chain
-    verification) for d = 1..depth, and `tau` (mean acceptance length at K = depth, bonus counted)."""
-    head = unwrap_head(head)
-    was_training = head.training
-    head.eval()
-    total = Agreement()
-    for batch in iterate_batches(examples, batch_size):
-        total = total.merge(agreement(head, target, batch, depth, max_length))
-    head.train(was_training)
-    summary = total.summary()
-    summary["eval_tokens"] = total.count[0] if total.count else 0.0
-    return summary
+    verification) for d = 1..depth, `tau` (mean acceptance length at K = depth, bonus counted) and
+    `eval_tokens` (`aerie.heads.evaluation.eval_totals`, the job's evaluation, without the loss)."""
+    from aerie.heads.evaluation import eval_totals  # it builds on this module
+
+    return eval_totals(unwrap_head(head), target, examples, depth, batch_size, max_length).summary()
 
 
 @dataclass
@@ -379,13 +357,3 @@ def mask_token_from_counts(default: int, counts) -> int:
     if int(counts[default]) == 0:
         return int(default)
     return int(torch.nonzero(counts == counts.min()).flatten()[-1])
-
-
-def pick_mask_token(target, examples: Sequence[Example]) -> int:
-    """`mask_token_from_counts` with the target's default (`config.default_mask_token_id`)."""
-    counts = token_counts([e.input_ids for e in examples], None, target.vocab_size)
-    return mask_token_from_counts(default_mask_token_id(target), counts)
-
-
-def config_dict(config: TrainConfig) -> dict:
-    return asdict(config)

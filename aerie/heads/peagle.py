@@ -29,38 +29,3 @@ class PEagleHead(Eagle3Head):
     @property
     def mask_token_id(self) -> int:
         return int(self.config.mask_token_id)
-
-    def parallel_inputs(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        features: torch.Tensor,
-        k: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Append K-1 placeholder slots after the last column of a block of real inputs.
-
-        `input_ids`/`position_ids` [B, r] and `features` [B, r, 3H] are the real tokens (the last
-        column is each row's last real position p; rows with fewer real tokens are padded on the
-        left by the caller). Returns (ids, positions, features) of width r + K - 1; placeholder j
-        sits at position p + j. The K draft logits of a forward on these are `logits[:, -k:]`.
-        """
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        batch = input_ids.shape[0]
-        extra = k - 1
-        ids = torch.full((batch, extra), self.mask_token_id, dtype=input_ids.dtype, device=input_ids.device)
-        steps = torch.arange(1, k, device=position_ids.device, dtype=position_ids.dtype)
-        pos = position_ids[:, -1:] + steps
-        feats = self.mask_hidden.to(features.dtype).expand(batch, extra, -1)
-        return (
-            torch.cat([input_ids, ids], dim=1),
-            torch.cat([position_ids, pos], dim=1),
-            torch.cat([features, feats], dim=1),
-        )
-
-    def parallel_inputs_last(
-        self, last_token: torch.Tensor, last_feature: torch.Tensor, last_position: torch.Tensor, k: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`parallel_inputs` for one real token per row: last_token [B], last_feature [B, 3H],
-        last_position [B] -> ids/positions [B, K], features [B, K, 3H]."""
-        return self.parallel_inputs(last_token[:, None], last_position[:, None], last_feature[:, None], k)

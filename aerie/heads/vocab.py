@@ -60,7 +60,3 @@ def target_to_draft_index(t2d: torch.Tensor) -> torch.Tensor:
     """long [target_vocab]: the draft id of each target token, -1 where it is not in the draft vocab."""
     index = torch.cumsum(t2d.long(), dim=0) - 1
     return torch.where(t2d, index, torch.full_like(index, -1))
-
-
-def identity_vocab(vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(vocab_size, dtype=torch.long), torch.ones(vocab_size, dtype=torch.bool)

@@ -253,12 +253,12 @@ def test_peagle_training_forward_equals_parallel_drafting(target):
         out, _row = peagle_forward(head, hb, elements)
         for b, a in [(0, 0), (0, 5), (1, 7)]:
             real = slice(0, a + 1)
-            p_ids, p_pos, p_feats = head.parallel_inputs(
-                hb.input_ids[b : b + 1, real],
-                hb.position_ids[b : b + 1, real],
-                hb.features[b : b + 1, real],
-                k,
-            )
+            # what the engine feeds: real rows 0..a, then K-1 placeholders (mask token + mask_hidden)
+            p_ids = torch.cat([hb.input_ids[b : b + 1, real], torch.full((1, k - 1), head.mask_token_id)], dim=1)
+            steps = torch.arange(1, k, dtype=hb.position_ids.dtype)
+            p_pos = torch.cat([hb.position_ids[b : b + 1, real], hb.position_ids[b : b + 1, a : a + 1] + steps], dim=1)
+            mask_feats = head.mask_hidden.to(hb.features.dtype).expand(1, k - 1, -1)
+            p_feats = torch.cat([hb.features[b : b + 1, real], mask_feats], dim=1)
             assert p_ids.shape == (1, a + k)
             assert int(p_pos[0, -1]) == int(hb.position_ids[b, a]) + k - 1
             drafted = head(p_ids, p_pos, features=p_feats).logits[0, -k:]
@@ -267,9 +267,6 @@ def test_peagle_training_forward_equals_parallel_drafting(target):
                     continue
                 e = int(((elements.anchor[b] == a) & (elements.depth[b] == d) & elements.present[b]).nonzero())
                 torch.testing.assert_close(out.logits[b, e], drafted[d], atol=1e-5, rtol=1e-5)
-        last = head.parallel_inputs_last(hb.input_ids[:, 3], hb.features[:, 3], hb.position_ids[:, 3], k)
-        assert last[0].shape == (2, k) and last[2].shape == (2, k, head.config.feature_size)
-        assert bool((last[0][:, 1:] == head.mask_token_id).all())
 
 
 def test_prepare_batch_alignment(target):

@@ -58,6 +58,22 @@ def test_evaluate_reports_depths(target):
     assert ev["tau"] == pytest.approx(1 + sum(ev[f"chain_{d}"] for d in range(1, 6)))
 
 
+
+@pytest.mark.parametrize("method", ["eagle3", "peagle"])
+def test_sharded_eval_totals_add_up_to_evaluate(target, method):
+    """The job's evaluation (each rank a share, the totals summed) is `evaluate`'s, plus the loss."""
+    from aerie.heads.evaluation import EvalTotals, eval_totals
+
+    data = greedy_examples(target, count=5, seed=3)
+    config = TrainConfig(epochs=1, batch_size=2, peagle_depths=3, eval_depth=3)
+    head, _ = train_head(target, method, data, None, config, draft_vocab_size=64, progress=False)
+    whole = evaluate(head, target, data, depth=3, batch_size=2)
+    shares = [eval_totals(head, target, data[rank::2], 3, 2, loss_config=config).vector(3) for rank in range(2)]
+    summed = EvalTotals.from_vector([a + b for a, b in zip(*shares, strict=True)], 3).metrics()
+    assert {k: summed[k if k == "eval_tokens" else f"eval_{k}"] for k in whole} == pytest.approx(whole)
+    assert whole["eval_tokens"] > 0 and 0 < summed["eval_loss"] < float("inf")
+    assert eval_totals(head, target, data, 3, 2).tokens == 0  # no loss asked, none computed
+
 def test_agreement_chain_counts():
     correct = torch.tensor([[[True, True, False], [True, False, True], [False, True, True]]])
     fed_ok = torch.tensor([[[True, True, True], [True, True, True], [True, False, True]]])

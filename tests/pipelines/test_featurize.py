@@ -11,6 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from aerie import storage
+from aerie.data.ingest_output import split_uri
 from aerie.features import compute_features, iter_features, read_index, read_shard
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -48,7 +49,7 @@ def _check_against_target(out: str, data: str, target, kind: str, atol: float) -
     index = read_index(out)
     checked = 0
     for split, info in index["splits"].items():
-        source = _parquet_rows(storage.join(data, split))
+        source = _parquet_rows(split_uri(data, split))
         assert info["rows"] == len(source) and len(info["shards"]) >= 1
         ids = [i for s in info["shards"] for i in read_shard(storage.join(index["root"], s["path"])).ids]
         assert sorted(ids) == sorted(source)  # every row once
@@ -76,8 +77,9 @@ def test_local_eagle3_float32_round_trip(ingested, tiny_target_dir, target, tmp_
     assert index["feature_kind"] == "eagle3" and index["feature_dim"] == 3 * 64 and index["dtype"] == "float32"
     assert index["tap_layers"] == list(target.tap_layers) and set(index["splits"]) == {"train", "eval"}
     assert len(index["splits"]["train"]["shards"]) >= 2
-    assert (out / "features" / "train" / "shard-00000.safetensors").is_file()
-    shard = read_shard(str(out / "features" / "train" / "shard-00000.safetensors"))
+    shards = out / "features" / index["generation"] / "train"
+    assert index["splits"]["train"]["shards"][0]["path"] == f"{index['generation']}/train/shard-00000.safetensors"
+    shard = read_shard(str(shards / "shard-00000.safetensors"))
     assert shard.input_ids.dtype == torch.int32 and shard.features.dtype == torch.float32
     assert shard.offsets[-1] == shard.input_ids.numel() == shard.features.shape[0]
     n = _check_against_target(str(out), str(ingested), target, "eagle3", atol=1e-5)
@@ -87,7 +89,7 @@ def test_local_eagle3_float32_round_trip(ingested, tiny_target_dir, target, tmp_
     per_rank = [list(iter_features(str(out), "train", rank=r, world_size=2)) for r in range(2)]
     assert sum(map(len, per_rank)) == index["splits"]["train"]["rows"] and all(per_rank)
     assert not stale.exists()  # features/ is replaced, never appended to
-    assert sorted(p.name for p in (out / "features" / "train").iterdir()) == [
+    assert sorted(p.name for p in shards.iterdir()) == [
         f"shard-{i:05d}.safetensors" for i in range(len(index["splits"]["train"]["shards"]))
     ]
 
@@ -101,8 +103,10 @@ def test_s3_eagle_last_hidden_bf16_round_trip(ingested, s3_bucket, tiny_target_d
     index = run_featurize(_config(data=data, target=str(tiny_target_dir), out=data, method="eagle",
                                   dtype="bfloat16"))
     assert index["feature_kind"] == "last" and index["feature_dim"] == 64 and index["dtype"] == "bfloat16"
-    assert storage.exists(f"{data}/features/index.json") and storage.exists(f"{data}/train")  # tokens untouched
-    assert read_shard(f"{data}/features/train/shard-00000.safetensors").features.dtype == torch.bfloat16
+    assert storage.exists(f"{data}/features/index.json")
+    assert storage.exists(split_uri(data, "train"))  # tokens untouched
+    first = index["splits"]["train"]["shards"][0]["path"]
+    assert read_shard(f"{data}/features/{first}").features.dtype == torch.bfloat16
     assert _check_against_target(data, data, target, "last", atol=2e-2) == index["counts"]["rows"]
     as_float = next(iter_features(f"{data}/features", "eval", dtype=torch.float32))
     assert as_float.features.dtype == torch.float32

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from aerie import storage
+from aerie.data.ingest_output import split_uri
 from aerie.formats import RecordError, capture_event, parse_line
 from aerie.traffic import openai_line, sagemaker_event, sharegpt_line, synthesize
 
@@ -231,7 +232,7 @@ def test_local_ingest_accounts_for_every_record(local_run):
 
 def test_every_quarantined_row_has_its_reason_and_raw_line(local_run):
     out, manifest, _ = local_run
-    rows = _quarantine_rows(str(out / "quarantine"))
+    rows = _quarantine_rows(split_uri(str(out), "quarantine"))
     assert len(rows) == manifest["counts"]["quarantined"]
     assert Counter(r["reason"] for r in rows) == Counter(manifest["counts"]["quarantined_by_reason"])
     for r in rows:
@@ -248,7 +249,7 @@ def test_written_rows_are_tokenized_masked_and_split(local_run, tokenizer_dir):
     from aerie.formats.tables import split_of
 
     out, manifest, _ = local_run
-    train, evals = _parquet(str(out / "train")), _parquet(str(out / "eval"))
+    train, evals = _parquet(split_uri(str(out), "train")), _parquet(split_uri(str(out), "eval"))
     assert (train.num_rows, evals.num_rows) == (manifest["counts"]["written"]["train"],
                                                 manifest["counts"]["written"]["eval"])
     rows = train.to_pylist() + evals.to_pylist()
@@ -258,6 +259,7 @@ def test_written_rows_are_tokenized_masked_and_split(local_run, tokenizer_dir):
         assert len(r["input_ids"]) == len(r["loss_mask"]) == r["num_tokens"] <= MAX_TOKENS
         assert sum(r["loss_mask"]) == r["num_loss_tokens"]
         assert (r["num_loss_tokens"] > 0) == r["has_reply"] == (r["reply"] is not None)
+    assert manifest["eval_threshold"] == EVAL_FRACTION  # enough records: the fraction alone decides
     assert all(split_of(r["id"], EVAL_FRACTION) == "eval" for r in evals.to_pylist())
     assert all(split_of(r["id"], EVAL_FRACTION) == "train" for r in train.to_pylist())
     assert 0.05 < evals.num_rows / len(rows) < 0.15
@@ -272,12 +274,12 @@ def test_rerun_overwrites_instead_of_appending(local_run, capture, tokenizer_dir
     from pipelines.ingest import run_ingest
 
     out, first, _ = local_run
-    rows_before = _parquet(str(out / "train")).num_rows + _parquet(str(out / "eval")).num_rows
+    rows_before = _parquet(split_uri(str(out), "train")).num_rows + _parquet(split_uri(str(out), "eval")).num_rows
     again = run_ingest(_config(input=str(capture[0]), target=str(tokenizer_dir), out=str(out)))
     assert again["counts"] == first["counts"]
-    rows_after = _parquet(str(out / "train")).num_rows + _parquet(str(out / "eval")).num_rows
+    rows_after = _parquet(split_uri(str(out), "train")).num_rows + _parquet(split_uri(str(out), "eval")).num_rows
     assert rows_after == rows_before == first["counts"]["written"]["total"]
-    assert len(_quarantine_rows(str(out / "quarantine"))) == first["counts"]["quarantined"]
+    assert len(_quarantine_rows(split_uri(str(out), "quarantine"))) == first["counts"]["quarantined"]
 
 
 def test_s3_ingest_matches_local(ray_local, s3_bucket, capture, tokenizer_dir, local_run):
@@ -291,8 +293,8 @@ def test_s3_ingest_matches_local(ray_local, s3_bucket, capture, tokenizer_dir, l
     _check_accounting(manifest["counts"], expected)
     assert manifest["counts"] == local_run[1]["counts"]
     assert json.loads(storage.read_text(f"{out}/manifest.json"))["counts"] == manifest["counts"]
-    assert _parquet(f"{out}/train").num_rows == manifest["counts"]["written"]["train"]
-    rows = _quarantine_rows(f"{out}/quarantine")
+    assert _parquet(split_uri(out, "train")).num_rows == manifest["counts"]["written"]["train"]
+    rows = _quarantine_rows(split_uri(out, "quarantine"))
     assert len(rows) == manifest["counts"]["quarantined"]
     assert all(r["source"].startswith(f"{src}/aerie-demo/") for r in rows)
 
@@ -311,6 +313,9 @@ def test_cli_ingest_and_config_errors(ray_local, tmp_path, tokenizer_dir):
     assert result.exit_code == 0, result.output
     counts = json.loads(result.output.strip().splitlines()[-1])
     assert counts["read"] == 60 and counts["parsed"] + counts["duplicates"] == 60
+    # 5 % of 60 records would be ~3 eval rows, a noisy figure: at least 16, up to a quarter, are held out
+    assert counts["too_long"] == 0 and counts["written"]["eval"] == min(16, counts["parsed"] // 4)
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["eval_threshold"] > 0.05
 
     missing = runner.invoke(app, ["ingest", "--input", str(tmp_path / "nothing-here"), "--target",
                                   str(tokenizer_dir), "--out", str(tmp_path / "out2"), "--no-progress"])
@@ -340,6 +345,49 @@ def test_template_failures_are_quarantined_in_the_pipeline(ray_local, tmp_path, 
     counts = manifest["counts"]
     assert counts["parsed"] + counts["quarantined"] + counts["duplicates"] + counts["too_long"] == counts["read"] == 80
     assert counts["quarantined_by_reason"].get("template_error", 0) == counts["quarantined"] > 0
-    rows = _quarantine_rows(str(tmp_path / "out" / "quarantine"))
+    rows = _quarantine_rows(split_uri(str(tmp_path / "out"), "quarantine"))
     assert len(rows) == counts["quarantined"]
     assert all(r["stage"] == "template" and r["id"] and '"system"' in r["raw"] for r in rows)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_run_killed_mid_write_leaves_the_previous_output_whole(where, ray_local, request, tmp_path,
+                                                                   tokenizer_dir, monkeypatch):
+    """The second run dies after writing its train split: the manifest still names the first run's
+    complete version, whose files are all there. A third run replaces it and prunes the debris."""
+    import ray
+
+    from aerie.data.ingest_output import read_manifest
+    from aerie.traffic import generate_traffic
+    from pipelines.ingest import run_ingest
+
+    out = f"{request.getfixturevalue('s3_bucket')}/killed" if where == "s3" else str(tmp_path / "out")
+    generate_traffic(str(tokenizer_dir), str(tmp_path / "cap"), requests=40, seed=3)
+    first = run_ingest(_config(input=str(tmp_path / "cap"), target=str(tokenizer_dir), out=out))
+    generate_traffic(str(tokenizer_dir), str(tmp_path / "cap2"), requests=60, seed=4)
+    real_write = ray.data.Dataset.write_parquet
+    writes = []
+
+    def killed_after_one_split(self, path, **kwargs):
+        real_write(self, path, **kwargs)
+        writes.append(path)
+        raise KeyboardInterrupt("killed mid-write")
+
+    monkeypatch.setattr(ray.data.Dataset, "write_parquet", killed_after_one_split)
+    with pytest.raises(KeyboardInterrupt):
+        run_ingest(_config(input=str(tmp_path / "cap2"), target=str(tokenizer_dir), out=out))
+    monkeypatch.setattr(ray.data.Dataset, "write_parquet", real_write)
+    assert len(writes) == 1 and first["generation"] not in writes[0]  # the new version's train split
+    assert read_manifest(out) == json.loads(storage.read_text(storage.join(out, "manifest.json"))) == first
+    for split in ("train", "eval"):
+        assert _parquet(split_uri(out, split)).num_rows == first["counts"]["written"][split]
+    assert len(_quarantine_rows(split_uri(out, "quarantine"))) == first["counts"]["quarantined"]
+
+    third = run_ingest(_config(input=str(tmp_path / "cap2"), target=str(tokenizer_dir), out=out))
+    assert third["counts"]["read"] == 60
+    assert _parquet(split_uri(out, "train")).num_rows == third["counts"]["written"]["train"]
+    fs, path = storage.resolve(out)
+    import pyarrow.fs as pafs
+
+    kept = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(path)) if i.base_name.startswith("gen-"))
+    assert kept == sorted([first["generation"], third["generation"]])  # the killed run's folder is gone

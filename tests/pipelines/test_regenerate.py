@@ -15,6 +15,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from aerie import storage
+from aerie.data.ingest_output import split_uri
 
 MAX_TOKENS = 64  # as the shared fixture ran ingest (checked in regen_run)
 REPLY_TOKENS = 20
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def _rows(out) -> list[dict]:
     rows = []
     for split in ("train", "eval"):
-        fs, path = storage.resolve(str(out / split))
+        fs, path = storage.resolve(split_uri(str(out), split))
         rows += pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist()
     return sorted(rows, key=lambda r: r["id"])
 
@@ -116,9 +117,9 @@ def _table(rows: list[dict]) -> pa.Table:
 
 def test_sampled_regeneration_depends_on_record_and_seed_only(regen_run, tiny_target_dir):
     """Per-record seeds: the same record samples the same reply whatever else shares its block."""
+    from aerie.data.regenerate import RegenerateConfig, regenerate_table
     from aerie.engine import Engine, EngineConfig
     from aerie.target import load_target
-    from pipelines.regenerate import RegenerateConfig, regenerate_table
 
     rows = _rows(regen_run[0])[:10]
     for r in rows:  # back to the encoded form: prompt only
@@ -135,7 +136,8 @@ def test_sampled_regeneration_depends_on_record_and_seed_only(regen_run, tiny_ta
 
 
 def test_a_failing_row_keeps_its_captured_reply(regen_run):
-    from pipelines.regenerate import RegenerateConfig, regenerate_table, summarize
+    from aerie.data.regenerate import RegenerateConfig, regenerate_table
+    from pipelines.regenerate import summarize
 
     rows = [r for r in _rows(regen_run[0]) if r["original_reply"] is not None][:3]
     for r in rows:  # as encoded from a captured reply of two tokens
@@ -164,3 +166,24 @@ def test_a_failing_row_keeps_its_captured_reply(regen_run):
     summary = summarize(ray.data.from_arrow(regenerate_table(_table(rows), generate, cfg)))
     assert (summary["regenerated"], summary["regeneration_failed"]) == (2, 1)
     assert "device fell over" in summary["errors"][0]
+
+
+def test_regeneration_that_fails_too_often_fails_the_job(regen_run, ray_local, tiny_target_dir):
+    """Prompts the target cannot take (token ids from another tokenizer, outside its vocabulary):
+    every row fails in the real engine actor. The job fails with the count and the first error
+    instead of keeping the captured replies and reporting success; within the rate it passes."""
+    import ray
+
+    from aerie.data.regenerate import RegenerateConfig, RegenerationFailed
+    from pipelines.regenerate import regenerate
+
+    rows = [r for r in _rows(regen_run[0]) if r["original_reply"] is not None][:4]
+    for r in rows:
+        n = r["prompt_tokens"]
+        r["input_ids"], r["loss_mask"] = [10**6] * n + [5, 6], [0] * n + [1, 1]
+    cfg = RegenerateConfig(target=str(tiny_target_dir), max_tokens=MAX_TOKENS, max_new_tokens=3)
+    with pytest.raises(RegenerationFailed, match=r"failed for 4 of 4 rows .* first error: regeneration failed: "):
+        regenerate(ray.data.from_arrow(_table(rows)), cfg)
+    lenient = RegenerateConfig(**{**cfg.__dict__, "max_failure_rate": 1.0})
+    _, summary = regenerate(ray.data.from_arrow(_table(rows)), lenient)
+    assert (summary["regenerated"], summary["regeneration_failed"]) == (0, 4)

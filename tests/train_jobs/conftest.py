@@ -90,4 +90,16 @@ def fit_data(tmp_path_factory, fit_target) -> Path:
     out = tmp_path_factory.mktemp("fit-data")
     _write_split(out / "train", rows[:120] + input_only, files=4)
     _write_split(out / "eval", rows[120:], files=1)
+    write_manifest(out, target.tokenizer, train=128, eval=24)
     return out
+
+
+def write_manifest(out: Path, tokenizer, **written: int) -> None:
+    """An ingest manifest for hand-made data in the split-folders layout: what `aerie train` checks."""
+    import json
+
+    from aerie.data.ingest_output import FORMAT, tokenizer_facts
+
+    manifest = {"stage": "ingest", "format": FORMAT, "counts": {"written": written},
+                "tokenizer": tokenizer_facts(tokenizer)}
+    (out / "manifest.json").write_text(json.dumps(manifest))

@@ -23,7 +23,8 @@ from train_jobs.checkpoints import (
     validate_checkpoint,
     write_checkpoint,
 )
-from train_jobs.fit_heads import RESULT_NAME, _restore, export_head
+from train_jobs.fit_heads import RESULT_NAME, export_head
+from train_jobs.worker import _restore
 
 
 @pytest.fixture(scope="module")
