@@ -122,20 +122,22 @@ def train_heads(args, target, data) -> dict:
     for method in args.methods.split(","):
         head_dir = Path(args.out) / "heads" / method
         report = head_dir / "protocol.json"
-        if report.is_file() and json.loads(report.read_text())["minutes"] == args.minutes:
-            results[method] = json.loads(report.read_text())
-            continue
-        config = TrainConfig(
+        recipe = dict(
             epochs=1000, batch_size=8, lr=args.lr, max_seconds=args.minutes * 60, clock="cpu", warmup_steps=20,
             cache_target=True, ttt_steps=args.ttt_steps, peagle_depths=args.depth, eval_depth=args.depth,
             seed=args.seed,
-        )
+        ) | dict(parse_set(item) for item in args.train_set)
+        if report.is_file() and json.loads(report.read_text()).get("recipe") == recipe:
+            results[method] = json.loads(report.read_text())
+            continue
+        config = TrainConfig(**recipe)
         head, fit = train_head(
             target, method, fit_rows, None, config, draft_vocab_size=args.draft_vocab,
             num_layers=2 if method == "peagle" else None, speculative_tokens=args.depth,
         )
         save_head(head, head_dir, speculative_tokens=args.depth)
         results[method] = {
+            "recipe": recipe,
             "minutes": args.minutes,
             "steps": fit.steps,
             "cpu_seconds": fit.cpu_seconds,
@@ -144,6 +146,15 @@ def train_heads(args, target, data) -> dict:
         }
         report.write_text(json.dumps(results[method], indent=2))
     return results
+
+
+def parse_set(item: str) -> tuple[str, object]:
+    """FIELD=VALUE for a TrainConfig field; the value parsed as JSON when it can be."""
+    field, _, value = item.partition("=")
+    try:
+        return field, json.loads(value)
+    except json.JSONDecodeError:
+        return field, value
 
 
 class Timings:
@@ -238,6 +249,8 @@ def main() -> None:
     parser.add_argument("--ttt-steps", type=int, default=3)
     parser.add_argument("--draft-vocab", type=int, default=2048)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--train-set", action="append", default=[], help="FIELD=VALUE of TrainConfig (repeatable)")
+    parser.add_argument("--train-only", action="store_true", help="stop after training (recipe experiments)")
     parser.add_argument("--lookup", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
@@ -251,6 +264,12 @@ def main() -> None:
     target = load_target(target_dir, device="cpu")
     data = load_or_make_data(args, target, setting["sources"])
     trained = train_heads(args, target, data)
+    if args.train_only:
+        for method, info in trained.items():
+            chain = " ".join(f"{info['unseen_replies'][f'chain_{d}']:.3f}" for d in range(1, args.depth + 1))
+            print(f"{method}: {info['steps']} steps | trainer eval acc_1 {info['trainer_eval']['acc_1']:.3f} | "
+                  f"held-out prompts' replies chain {chain} tau {info['unseen_replies']['tau']:.3f}")
+        return
     heads = {m: load_head(Path(args.out) / "heads" / m, target) for m in trained}
     prompts = data["eval_prompts"]
 

@@ -61,7 +61,7 @@ class FitConfig(BaseModel):
         "min_steps, up to max_epochs, stopping when eval depth-1 agreement stops improving)."
     )
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimiser steps.")
-    min_steps: int = Field(300, ge=1, description="Automatic budget: steps trained before early stopping may stop.")
+    min_steps: int = Field(120, ge=1, description="Automatic budget: steps trained before early stopping may stop.")
     max_epochs: int = Field(100, ge=1, description="Automatic budget: the most passes over the data.")
     patience: int = Field(4, ge=1, description="Automatic budget: evals without a gain of min_delta in eval_acc_1 "
                           "before stopping.")
