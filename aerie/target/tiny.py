@@ -14,7 +14,9 @@ no BOS (training chunks start mid-document, so the model needs none).
 Budget: ``minutes`` becomes a fixed number of optimizer steps through ``STEPS_PER_MINUTE``
 (measured on a 2-core AMD EPYC, bf16 autocast), so a build depends on its parameters and not on
 how busy the machine is. Same parameters on the same machine give a byte-identical
-``model.safetensors`` (2 threads, seeded init and data order).
+``model.safetensors`` (2 threads, seeded init and data order). Training runs under bf16 autocast
+only where the CPU computes bf16 natively (AVX512-BF16 / AMX); elsewhere bf16 is emulated and a
+step is ~20x slower than float32, so those CPUs train in float32.
 """
 
 from __future__ import annotations
@@ -271,6 +273,7 @@ def _build(
                 "heldout_loss": round(_mean_loss(model, heldout[:EVAL_CHUNKS]), 4),
                 "train_loss": round(_mean_loss(model, seen), 4),
                 "tokens_per_s": round(steps * BATCH_SIZE * SEQ_LEN / train_seconds, 1),
+                "precision": "bf16 autocast" if cpu_has_native_bf16() else "float32",
                 "train_seconds": round(train_seconds, 1),
                 "vocab": len(tokenizer),
                 "parameters": model.num_parameters(),
@@ -299,6 +302,11 @@ def _chunks(tokenizer: PreTrainedTokenizerFast, docs: list[str]) -> torch.Tensor
     return torch.tensor(ids[: n * SEQ_LEN]).view(n, SEQ_LEN)
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 matmuls in hardware (oneDNN's own test)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def _train(model: PreTrainedModel, chunks: torch.Tensor, steps: int, gen: torch.Generator) -> float:
     """AdamW, linear warmup then cosine decay to ``MIN_LR_RATIO``; chunks in a fresh random
     order each epoch. Returns the seconds spent."""
@@ -319,6 +327,7 @@ def _train(model: PreTrainedModel, chunks: torch.Tensor, steps: int, gen: torch.
         return MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    native_bf16 = cpu_has_native_bf16()
     order = torch.empty(0, dtype=torch.long)
     model.train()
     started = time.perf_counter()
@@ -327,7 +336,7 @@ def _train(model: PreTrainedModel, chunks: torch.Tensor, steps: int, gen: torch.
             if len(order) < BATCH_SIZE:
                 order = torch.cat([order, torch.randperm(len(chunks), generator=gen)])
             batch, order = chunks[order[:BATCH_SIZE]], order[BATCH_SIZE:]
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16):
                 loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
