@@ -133,7 +133,9 @@ def traffic(
 
 @app.command()
 def ingest(
-    input: Annotated[str, typer.Option("--input", help="Captured traffic: folder, file or s3:// prefix.")],
+    input: Annotated[list[str], typer.Option("--input", help=(
+        "Captured traffic: folder, file, s3:// prefix or sagemaker://ENDPOINT[/VARIANT]; repeat to read several."
+    ))],
     target: Annotated[str, typer.Option(help="Target model dir (tokenizer + chat template), local or s3://.")],
     out: Annotated[str, typer.Option(help="Output folder or s3:// prefix (manifest.json + its version folder).")],
     max_tokens: Annotated[int, typer.Option(help="Longest example kept, in tokens.")] = 2048,
@@ -154,6 +156,9 @@ def ingest(
     regenerate_max_failure_rate: Annotated[float, typer.Option(
         help="Share of rows the engine may fail on before the job fails."
     )] = 0.01,
+    since: Annotated[str | None, typer.Option(
+        help="sagemaker:// inputs: only hours from this ISO time or duration back (24h, 7d) on."
+    )] = None,
 ) -> None:
     """Captured traffic -> tokenized Parquet with loss masks, quarantine and manifest (Ray Data);
     --regenerate rewrites the replies with the target itself."""
@@ -163,8 +168,9 @@ def ingest(
 
     try:
         cfg = IngestConfig(
-            input=input, target=target, out=out, max_tokens=max_tokens, eval_fraction=eval_fraction,
-            eval_min_records=eval_min_records, max_line_bytes=max_line_bytes, progress=progress,
+            input=input[0] if len(input) == 1 else input, since=since, target=target, out=out,
+            max_tokens=max_tokens, eval_fraction=eval_fraction, eval_min_records=eval_min_records,
+            max_line_bytes=max_line_bytes, progress=progress,
             regenerate=regenerate, regenerate_max_tokens=regenerate_max_tokens,
             regenerate_temperature=regenerate_temperature, regenerate_seed=regenerate_seed,
             regenerate_actors=regenerate_actors, regenerate_num_gpus=regenerate_num_gpus,

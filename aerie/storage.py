@@ -98,19 +98,19 @@ def _env(*names: str) -> str | None:
     return None
 
 
-WORKER_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
-                   "AWS_EC2_METADATA_DISABLED", "AERIE_CACHE")
+WORKER_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SAGEMAKER", "AWS_REGION",
+                   "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED", "AERIE_CACHE")
 S3_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 def worker_env() -> dict[str, str]:
-    """What another process (a Ray worker) needs to address storage as this one does: the S3
-    endpoint and region, the download cache, and the keys of an S3-compatible server (MinIO, moto)
-    when one is set (on AWS, workers use their own role). Ray workers keep the environment of the
-    instance they belong to, which may predate these settings or run on another node: the Ray
-    folders pass this as ``runtime_env={"env_vars": worker_env()}``."""
+    """What another process (a Ray worker) needs to address storage as this one does: the S3 (and
+    SageMaker, for ``sagemaker://`` inputs) endpoint and region, the download cache, and the keys of
+    an S3-compatible server (MinIO, moto) when one is set (on AWS, workers use their own role). Ray
+    workers keep the environment of the instance they belong to, which may predate these settings or
+    run on another node: the Ray folders pass this as ``runtime_env={"env_vars": worker_env()}``."""
     env = {name: os.environ[name] for name in WORKER_SETTINGS if os.environ.get(name)}
-    if _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+    if _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SAGEMAKER"):
         env.update({name: os.environ[name] for name in S3_CREDENTIALS if os.environ.get(name)})
     return env
 

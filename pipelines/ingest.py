@@ -4,9 +4,11 @@
 
 Stages (Ray Data; the parsed and the encoded data sets are materialised so each stage is counted):
 
-1. read: every ``*.jsonl`` / ``*.jsonl.gz`` under ``--input`` (local or ``s3://``, recursive), one
-   file per row; lines keep their raw bytes, source file and line number. A ``.gz`` file is
-   decompressed in the parse task, so a corrupt one becomes a quarantine row, not a crash.
+1. read: every ``*.jsonl`` / ``*.jsonl.gz`` under ``--input`` (local or ``s3://``, recursive; a
+   ``sagemaker://ENDPOINT[/VARIANT]`` input is its endpoint's Data Capture files, ``--since`` a time
+   window on them; several inputs are read together), one file per row; lines keep their raw bytes,
+   source file and line number. A ``.gz`` file is decompressed in the parse task, so a corrupt one
+   becomes a quarantine row, not a crash.
 2. parse (parallel tasks): :func:`aerie.formats.parse_line`, the format auto-detected per line.
    Failures become quarantine rows with the reason code.
 3. dedupe: exact duplicates of (kind, messages, reply) are dropped; the first by (source, line)
@@ -55,10 +57,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import ray
 from pydantic import ValidationError
 
-from aerie import storage
+from aerie import sagemaker, storage
 from aerie.data.dedupe import SCAN_COLUMNS, scan_parsed
 from aerie.data.eval_split import POINT_COLUMNS, eval_threshold, split_points
 from aerie.data.filters import where, where_status_in
@@ -145,26 +148,42 @@ def _tally(ds: ray.data.Dataset, columns: list[str]) -> dict[tuple, int]:
 # ----------------------------------------------------------------------------- building blocks
 
 
-def list_inputs(uri: str) -> list[str]:
-    files = storage.list_files(uri, INPUT_SUFFIXES)
-    if not files:
-        raise FileNotFoundError(f"no {' or '.join(INPUT_SUFFIXES)} files under {uri}")
-    return files
+def list_inputs(uri: str | list[str], since: datetime | None = None) -> list[str]:
+    """The input files of one input or several, each file once, in input order. A
+    ``sagemaker://`` input resolves to its endpoint's Data Capture files (from ``since`` on, see
+    :mod:`aerie.sagemaker`); anything else is a local or ``s3://`` file or folder."""
+    files: dict[str, None] = {}
+    for one in [uri] if isinstance(uri, str) else uri:
+        if sagemaker.is_sagemaker(one):
+            found = sagemaker.capture_files(one, since)
+        else:
+            found = storage.list_files(one, INPUT_SUFFIXES)
+            if not found:
+                raise FileNotFoundError(f"no {' or '.join(INPUT_SUFFIXES)} files under {one}")
+        files.update(dict.fromkeys(found))
+    return list(files)
 
 
 def read_and_parse(files: list[str], max_line_bytes: int = 16 * 1024 * 1024) -> ray.data.Dataset:
-    """Files (URIs from :func:`list_inputs`, all on one file system) -> the parsed data set (ok and
-    failed rows). One task per file; the driver's file system object (S3 endpoint, credentials)
-    travels with the tasks, so workers read exactly what the driver listed."""
-    fs, _ = storage.resolve(files[0])
-    items = [{"path": storage.resolve(f)[1], "uri": f} for f in files]
-    ds = ray.data.from_items(items, override_num_blocks=min(len(items), 4096))
-    return ds.map_batches(
-        read_and_parse_files,
-        batch_format="pyarrow",
-        batch_size=None,
-        fn_kwargs={"filesystem": fs, "max_line_bytes": max_line_bytes},
-    )
+    """Files (URIs from :func:`list_inputs`) -> the parsed data set (ok and failed rows). One task
+    per file; the driver's file system objects (S3 endpoint, credentials) travel with the tasks, so
+    workers read exactly what the driver listed. Files on different file systems (local and
+    ``s3://`` inputs together) are read as one data set per file system, then joined."""
+    groups: dict[str | int, tuple[Any, list[dict[str, str]]]] = {}
+    for uri in files:
+        fs, path = storage.resolve(uri)
+        key = "local" if isinstance(fs, pafs.LocalFileSystem) else id(fs)  # S3 file systems are shared objects
+        groups.setdefault(key, (fs, []))[1].append({"path": path, "uri": uri})
+    parts = [
+        ray.data.from_items(items, override_num_blocks=min(len(items), 4096)).map_batches(
+            read_and_parse_files,
+            batch_format="pyarrow",
+            batch_size=None,
+            fn_kwargs={"filesystem": fs, "max_line_bytes": max_line_bytes},
+        )
+        for fs, items in groups.values()
+    ]
+    return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
 
 
 def encode(
@@ -227,7 +246,8 @@ def run_ingest(cfg: IngestConfig) -> dict[str, Any]:
 def _run(cfg: IngestConfig) -> dict[str, Any]:
     t0 = time.monotonic()
     tokenizer = load_tokenizer(cfg.target)
-    files = list_inputs(cfg.input)
+    since = None if cfg.since is None else sagemaker.parse_since(cfg.since)
+    files = list_inputs(cfg.input, since)
 
     # 1-2. read + parse
     timings: dict[str, float] = {}
@@ -275,6 +295,7 @@ def _run(cfg: IngestConfig) -> dict[str, Any]:
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": cfg.model_dump(),
         "input_files": len(files),
+        **({"since": since.strftime("%Y-%m-%dT%H:%M:%SZ")} if since is not None else {}),
         "counts": counts,
         "invariant": "parsed + quarantined + duplicates + too_long == read",
         "definitions": definitions(cfg.max_tokens, regeneration is not None),
@@ -322,11 +343,15 @@ def main(argv: list[str] | None = None) -> int:
         if field.annotation is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
                            help=field.description)
+        elif name == "input":
+            p.add_argument(flag, dest=name, required=True, nargs="+", help=field.description)
         else:
             p.add_argument(flag, dest=name, required=field.is_required(), default=None, help=field.description)
     args = p.parse_args(argv)
     try:
-        cfg = IngestConfig(**{k: v for k, v in vars(args).items() if v is not None})
+        values = {k: v for k, v in vars(args).items() if v is not None}
+        values["input"] = values["input"][0] if len(values["input"]) == 1 else values["input"]
+        cfg = IngestConfig(**values)
     except ValidationError as e:
         print(format_validation_error(e), file=sys.stderr)
         return 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from aerie import sagemaker
 
 __all__ = ["IngestConfig", "format_validation_error"]
 
@@ -12,7 +14,13 @@ class IngestConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input: str = Field(min_length=1, description="Captured traffic: a local folder/file or s3:// prefix.")
+    input: str | list[str] = Field(
+        description="Captured traffic: a local folder/file, an s3:// prefix or "
+        "sagemaker://ENDPOINT[/VARIANT] (its Data Capture files); or a list of them, read together."
+    )
+    since: str | None = Field(
+        None, description="sagemaker:// inputs: only the hours from this ISO time or duration back (24h, 7d) on."
+    )
     target: str = Field(min_length=1, description="Target model directory (its tokenizer and chat template).")
     out: str = Field(min_length=1, description="Output folder or s3:// prefix.")
     max_tokens: int = Field(2048, ge=8, le=1_048_576, description="Longest example kept, in tokens.")
@@ -35,14 +43,48 @@ class IngestConfig(BaseModel):
         0.01, ge=0.0, le=1.0, description="Share of rows the engine may fail on before the job fails."
     )
 
-    @field_validator("input", "out", "target")
+    @field_validator("input")
+    @classmethod
+    def _inputs(cls, v: str | list[str]) -> str | list[str]:
+        if not v:
+            raise ValueError("needs at least one input")
+        for uri in [v] if isinstance(v, str) else v:
+            if sagemaker.is_sagemaker(uri):
+                sagemaker.parse_uri(uri)
+            else:
+                _check_uri(uri, "a local path, an s3:// URI or sagemaker://ENDPOINT[/VARIANT]")
+        return v
+
+    @field_validator("out", "target")
     @classmethod
     def _uri(cls, v: str) -> str:
-        if "://" in v and not v.startswith(("s3://", "file://")):
-            raise ValueError("must be a local path or an s3:// URI")
-        if v.startswith("s3://") and len(v.rstrip("/")) <= len("s3://"):
-            raise ValueError("s3:// URI needs a bucket")
+        return _check_uri(v, "a local path or an s3:// URI")
+
+    @field_validator("since")
+    @classmethod
+    def _since(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        sagemaker.parse_since(v)
+        inputs = info.data.get("input")
+        if inputs is not None and not any(sagemaker.is_sagemaker(u) for u in ([inputs] if isinstance(inputs, str)
+                                                                              else inputs)):
+            raise ValueError("applies to sagemaker:// inputs only")
         return v
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+def _check_uri(v: str, expected: str) -> str:
+    if not v:
+        raise ValueError("must not be empty")
+    if "://" in v and not v.startswith(("s3://", "file://")):
+        raise ValueError(f"must be {expected}")
+    if v.startswith("s3://") and len(v.rstrip("/")) <= len("s3://"):
+        raise ValueError("s3:// URI needs a bucket")
+    return v
 
 
 def format_validation_error(err: ValidationError) -> str:
