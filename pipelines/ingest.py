@@ -355,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:
         print(format_validation_error(e), file=sys.stderr)
         return 2
-    manifest = run_ingest(cfg)
+    try:
+        manifest = run_ingest(cfg)
+    except (FileNotFoundError, ValueError) as e:  # no input files, an endpoint without capture
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(manifest["counts"], indent=2))
     return 0
 

@@ -118,6 +118,7 @@ def test_ingest_reads_the_endpoint_window_from_the_cli(ray_local, endpoints, tok
     from typer.testing import CliRunner
 
     from aerie.cli import app
+    from pipelines.ingest import main
 
     runner = CliRunner()
     out = tmp_path / "window"
@@ -134,6 +135,8 @@ def test_ingest_reads_the_endpoint_window_from_the_cli(ray_local, endpoints, tok
     off = runner.invoke(app, ["ingest", "--input", "sagemaker://aerie-off", "--target", str(tokenizer_dir),
                               "--out", str(tmp_path / "off"), "--no-progress"])
     assert isinstance(off.exception, ValueError) and "Data Capture is not enabled" in str(off.exception)
+    assert main(["--input", "sagemaker://no-such-endpoint", "--target", str(tokenizer_dir),
+                 "--out", str(tmp_path / "off"), "--no-progress"]) == 1
     assert not (tmp_path / "off" / "manifest.json").exists()
 
 
