@@ -228,6 +228,87 @@ def train(
         raise typer.Exit(code)
 
 
+@app.command()
+def serve(
+    winner: Annotated[str | None, typer.Option(help="A benchmark's winner.json: target, method, head, K.")] = None,
+    target: Annotated[str | None, typer.Option(help="Target model directory (local or s3://), without --winner.")] = None,
+    method: Annotated[str | None, typer.Option(help="none | ngram | eagle3 | peagle | eagle. [default: none]")] = None,
+    head: Annotated[str | None, typer.Option(help="Draft head directory for eagle3 / peagle / eagle.")] = None,
+    k: Annotated[str | None, typer.Option(help="Draft tokens per step (0: the head's), or 'auto' (adaptive).")] = None,
+    tree: Annotated[bool | None, typer.Option("--tree/--chain", help="Draft a tree or a chain.")] = None,
+    host: Annotated[str | None, typer.Option(help="HTTP host. [default: 127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port. [default: 8000]")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="AERIE_API_KEY", help="Require `Authorization: Bearer KEY` (or set AERIE_API_KEY).")] = None,
+    capture: Annotated[str | None, typer.Option(
+        help="Capture the traffic (SageMaker Data Capture layout) under this folder or s3:// prefix.")] = None,
+    write_config: Annotated[str | None, typer.Option(
+        help="Write a Serve config for `serve deploy` / `serve run` to this file and exit.")] = None,
+    vllm_config: Annotated[str | None, typer.Option(
+        help="Write a Ray Serve LLM (vLLM) config with the head as speculative_config to this file and exit.")] = None,
+    config: Annotated[str | None, typer.Option(help="YAML file of ServeConfig fields; flags override it.")] = None,
+    name: Annotated[str | None, typer.Option(help="Serve application name. [default: aerie]")] = None,
+    model_name: Annotated[str | None, typer.Option(help="Model id for clients. [default: the target's name]")] = None,
+    max_slots: Annotated[int | None, typer.Option(help="Sequences batched per replica. [default: 8]")] = None,
+    max_len: Annotated[int | None, typer.Option(help="Prompt + completion tokens. [default: 2048]")] = None,
+    max_waiting: Annotated[int | None, typer.Option(help="Queued requests per replica before 429. [default: 32]")] = None,
+    num_replicas: Annotated[int | None, typer.Option(help="Replicas. [default: 1]")] = None,
+    num_cpus: Annotated[float | None, typer.Option(help="CPUs per replica. [default: 1]")] = None,
+    num_gpus: Annotated[float | None, typer.Option(help="GPUs per replica. [default: 0]")] = None,
+) -> None:
+    """The OpenAI-compatible endpoint on Ray Serve (continuous batching, streaming, metrics, data
+    capture); blocks until Ctrl-C. With --write-config / --vllm-config: write deploy configs instead."""
+    from pydantic import ValidationError
+
+    from aerie import storage
+    from aerie.serving.config import ServeConfig
+
+    values: dict = {}
+    if config is not None:
+        import yaml
+
+        values = yaml.safe_load(storage.read_text(config)) or {}
+        if not isinstance(values, dict):
+            raise typer.BadParameter("must hold a mapping of field: value", param_hint="--config")
+    flags = dict(
+        winner=winner, target=target, method=method, head=head, tree=tree, host=host, port=port, api_key=api_key,
+        name=name, model_name=model_name, max_slots=max_slots, max_len=max_len, max_waiting=max_waiting,
+        num_replicas=num_replicas, num_cpus=num_cpus, num_gpus=num_gpus,
+        k=None if k is None else k if k == "auto" else _int_option(k, "--k"),
+    )
+    values |= {key: value for key, value in flags.items() if value is not None}
+    if capture is not None:
+        values["capture"] = {**(values.get("capture") or {}), "destination": capture}
+    try:
+        cfg = ServeConfig(**values)
+    except ValidationError as e:
+        lines = [("{}: ".format(".".join(map(str, err["loc"]))) if err["loc"] else "")
+                 + err["msg"].removeprefix("Value error, ") for err in e.errors()]
+        raise typer.BadParameter("\n" + "\n".join(lines)) from None
+    if write_config is None and vllm_config is None:
+        from serve_apps.openai_app import run
+
+        run(cfg, announce=typer.echo)
+        return
+    from aerie.serving.deploy_configs import serve_config, vllm_config as llm_config, write_config as write
+    from serve_apps.config_check import check_serve_config, check_vllm_config
+
+    written = {}
+    if write_config is not None:
+        document = serve_config(cfg)
+        check_serve_config(document)
+        write(write_config, document, "Ray Serve config written by `aerie serve --write-config`.\n"
+              "serve deploy THIS_FILE (a running cluster: `ray start --head` first) or serve run THIS_FILE.")
+        written["serve_config"] = write_config
+    if vllm_config is not None:
+        document = llm_config(cfg)
+        check_vllm_config(document)
+        write(vllm_config, document, "Ray Serve LLM (vLLM) config written by `aerie serve --vllm-config`.\n"
+              "On a GPU cluster with `pip install 'ray[llm]'`: serve run THIS_FILE")
+        written["vllm_config"] = vllm_config
+    typer.echo(json.dumps(written))
+
+
 def main() -> None:
     """The console script: bad input ends with a one-line error and exit status 2, no traceback."""
     from transformers.utils import logging as transformers_logging
