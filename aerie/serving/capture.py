@@ -89,9 +89,11 @@ class CaptureSink:
             return files
 
     def _run(self) -> None:
-        while not self._closing.is_set():
+        while True:
             self._wake.wait(self.config.flush_seconds)
             self._wake.clear()
+            if self._closing.is_set():
+                return  # close() writes the rest
             self.flush()
 
     def close(self) -> list[str]:
