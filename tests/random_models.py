@@ -15,6 +15,8 @@ from transformers import (
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 from aerie.engine import Engine, EngineConfig, SamplingParams
@@ -34,7 +36,8 @@ _COMMON = dict(
     bos_token_id=None,
 )
 
-ARCHITECTURES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"]
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next"]
+QWEN3_NEXT_LAYERS = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
 
 
 def random_model(arch: str, seed: int = 0) -> torch.nn.Module:
@@ -60,6 +63,22 @@ def random_model(arch: str, seed: int = 0) -> torch.nn.Module:
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         )
         model = GptOssForCausalLM(config)
+    elif arch == "qwen3_next":
+        # Gated DeltaNet layers around one gated full-attention layer, every layer an MoE block.
+        config = Qwen3NextConfig(
+            **_COMMON,
+            head_dim=16,
+            layer_types=QWEN3_NEXT_LAYERS,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+        )
+        model = Qwen3NextForCausalLM(config)
     else:
         raise ValueError(arch)
     model.generation_config.eos_token_id = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from aerie.engine.adaptive import adaptive_policy
-from aerie.engine.engine import Engine, EngineConfig
+from aerie.engine.engine import TREE_ON_RECURRENT_TARGET, Engine, EngineConfig
 from aerie.engine.ngram import NgramProposer
 from aerie.engine.proposers import Eagle3Proposer, PEagleProposer, Proposer
 from aerie.engine.tree import TreeProposer
@@ -51,13 +51,14 @@ def build_proposer(
     if head.method != method:
         raise ValueError(f"the head is a {head.method} head, not {method}")
     k = k or head.config.speculative_tokens
-    if tree if tree is not None else method == "eagle":
+    recurrent = bool(target.recurrent_mixers)
+    if tree and recurrent:
+        raise ValueError(TREE_ON_RECURRENT_TARGET)
+    if tree if tree is not None else (method == "eagle" and not recurrent):
         return TreeProposer(head, k, slots, capacity, top_k=tree_top_k, total_tokens=tree_tokens)
     if method == "peagle":
         return PEagleProposer(head, k, slots, capacity)
-    if method == "eagle3":
-        return Eagle3Proposer(head, k, slots, capacity)
-    raise ValueError("an EAGLE head drafts a tree (tree=True)")
+    return Eagle3Proposer(head, k, slots, capacity)
 
 
 def build_engine(
@@ -77,7 +78,8 @@ def build_engine(
     from 0..`max_k` (0: the head's default; `NGRAM_K` for prompt lookup) every step
     (`adaptive.py`; calibrates at start, cached unless `calibration_cache` is False). `tree`
     drafts an EAGLE-2 dynamic tree (default for `eagle`; `eagle3` heads can too) of at most
-    `tree_tokens` tokens with the root."""
+    `tree_tokens` tokens with the root. On targets with linear-attention layers (Qwen3-Next) the
+    default is a chain and a tree is refused (`TREE_ON_RECURRENT_TARGET` says why)."""
     if k != AUTO and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
         raise ValueError(f"k must be an integer >= 0 or {AUTO!r}, got {k!r}")
     adaptive = k == AUTO

@@ -6,7 +6,9 @@ A fixed pool of slots shares the KV cache (`cache.py`). Each step:
 3. asks the proposer for K draft tokens per decoding slot and runs ONE target forward over all of
    them, each slot at its own positions, with a 4-D mask (`masks.py`);
 4. verifies (`verify.py`), advances each slot by its own accepted count plus one, and streams.
-Rejected positions are simply not counted: the next step overwrites those cache columns.
+Rejected positions are simply not counted: the next step overwrites those cache columns. On hybrid
+targets (linear-attention layers, `cache.HybridSlotCache`) each forward is followed by a commit of
+every row's recurrent states to the states after exactly its kept tokens; trees are refused there.
 
 A decoding step reads the device back once: the verdict (accepted counts and emitted tokens of
 every row) in one transfer. A step that raises is retried row by row, so the request that caused
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from aerie.engine.adaptive import AdaptivePolicy
-from aerie.engine.cache import SlotKVCache
+from aerie.engine.cache import slot_cache
 from aerie.engine.detokenizer import TextStream
 from aerie.engine.layout import BlockLayout, pad_rows
 from aerie.engine.masks import to_additive
@@ -38,9 +40,15 @@ from aerie.engine.verify import (
     verify_tree_greedy,
     verify_tree_sampled,
 )
-from aerie.target.model import FeatureKind, Target, TargetOutput
+from aerie.target.model import RECURRENT_LAYER_TYPE, FeatureKind, Target, TargetOutput
 
 log = logging.getLogger(__name__)
+
+TREE_ON_RECURRENT_TARGET = (
+    "a draft tree cannot be verified on a target with linear-attention layers: their recurrent state "
+    "reads the block as one sequence, so sibling nodes would leak into each other's state and logits "
+    "(a tree would need one row per root-to-leaf path); draft a chain (--chain)"
+)
 
 
 @dataclass(frozen=True)
@@ -84,13 +92,10 @@ class Engine:
         self.config = config or EngineConfig()
         self.proposer = proposer or Proposer()
         self.device = target.device
-        self.cache = SlotKVCache.for_config(
-            target.config,
-            slots=self.config.max_slots,
-            capacity=self.config.max_len + self.proposer.max_draft_tokens,
-            dtype=target.dtype,
-            device=self.device,
-        )
+        self.cache = slot_cache(target, self.config.max_slots, self.config.max_len + self.proposer.max_draft_tokens)
+        if self.cache.has_states and self.proposer.drafts_tree:
+            raise ValueError(TREE_ON_RECURRENT_TARGET)
+        self._layer_kinds = frozenset(target.layer_types or [])
         self.vocab_size = target.embed_tokens.weight.shape[0]
         self.scheduler = Scheduler(self.config.max_slots)
         self.requests: dict[str, Request] = {}
@@ -198,6 +203,7 @@ class Engine:
         for request in rows:
             if request.prefilled == 0:
                 self.proposer.reset(request.slot)
+                self.cache.reset(request.slot)
         out = self._forward(
             rows,
             pad_rows(blocks, width, self.device),
@@ -211,6 +217,8 @@ class Engine:
         if finishing:
             _, emitted = self._verify_chain(finishing, out.logits[:, None], None)
             first = emitted[:, 0].tolist()
+        if self.cache.has_states:
+            self.cache.commit_states([r.prefilled for r in rows], [len(b) for b in blocks])
         for row, (request, block) in enumerate(zip(rows, blocks, strict=True)):
             request.prefilled += len(block)
             if out.features is not None:
@@ -237,11 +245,12 @@ class Engine:
         last = torch.tensor([[r.last_token] for r in rows], dtype=torch.long, device=self.device)
         tokens = last if draft is None else torch.cat([last, draft.tokens], dim=1)
         drafted = [0] * len(rows) if draft is None else draft.row_lengths()
-        out = self._forward(
-            rows, tokens, [r.length - 1 for r in rows], [n + 1 for n in drafted], features=self.proposer.features
-        )
+        starts = [r.length - 1 for r in rows]
+        out = self._forward(rows, tokens, starts, [n + 1 for n in drafted], features=self.proposer.features)
         accepted, emitted = self._verify_chain(rows, out.logits, draft)
         verdicts = torch.cat([accepted[:, None], emitted], dim=1).tolist()
+        if self.cache.has_states:
+            self.cache.commit_states(starts, [v[0] + 1 for v in verdicts])
         return self._commit(rows, drafted, out, [(list(range(v[0])), v[1 : v[0] + 2]) for v in verdicts])
 
     def _decode_tree(self, rows: list[Request], draft: Draft) -> list[RequestOutput]:
@@ -343,16 +352,22 @@ class Engine:
 
     def _attention_mask(self, layout: BlockLayout) -> torch.Tensor | dict[str, torch.Tensor]:
         """The mask the target's attention expects: boolean for SDPA, additive for eager; one per
-        layer type when the architecture mixes full and sliding-window layers."""
+        layer type when the architecture mixes full and sliding-window or linear-attention layers
+        (linear attention takes none: padding sits after a row's real tokens, and the states after
+        a row's real tokens are what the cache commits)."""
 
         def prepared(window: int | None) -> torch.Tensor:
             mask = layout.mask(window)
             return to_additive(mask, self.target.dtype) if self.target.uses_eager_mask else mask
 
-        layer_types = self.target.layer_types or []
-        if "sliding_attention" not in layer_types:
+        if not self._layer_kinds & {"sliding_attention", RECURRENT_LAYER_TYPE}:
             return prepared(None)
-        return {"full_attention": prepared(None), "sliding_attention": prepared(self.target.sliding_window)}
+        masks: dict[str, torch.Tensor | None] = {"full_attention": prepared(None)}
+        if "sliding_attention" in self._layer_kinds:
+            masks["sliding_attention"] = prepared(self.target.sliding_window)
+        if RECURRENT_LAYER_TYPE in self._layer_kinds:
+            masks[RECURRENT_LAYER_TYPE] = None
+        return masks
 
     # ---- bookkeeping ---------------------------------------------------------------------
 

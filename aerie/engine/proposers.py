@@ -1,7 +1,8 @@
 """Proposers: where draft tokens come from.
 
 - `Proposer`: the interface, and as such plain decoding with zero draft tokens (the baseline).
-- `Eagle3Proposer`: an EAGLE-3 chain, K batched head steps.
+- `Eagle3Proposer`: a chain of K batched head steps (an EAGLE-3 head, or an EAGLE head where a
+  tree cannot be verified).
 - `PEagleProposer`: P-EAGLE, all K tokens from one head forward.
 - `TreeProposer` (`tree.py`): an EAGLE or EAGLE-3 head drafting an EAGLE-2 dynamic tree.
 - `NgramProposer` (`ngram.py`): prompt lookup, no head at all.
@@ -69,6 +70,7 @@ class Proposer:
     """The configured draft length (a tree's depth)."""
     max_draft_tokens = 0
     """The most cache columns one step drafts past the committed tokens."""
+    drafts_tree = False
 
     def reset(self, slot: int) -> None:
         """A new request starts in `slot`."""
@@ -88,6 +90,7 @@ class HeadProposer(Proposer):
     def __init__(self, head: DraftHead, k: int, slots: int, capacity: int, draft_columns: int | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1 for method {self.name}, got {k}")
+        head.check_span(capacity + (draft_columns or k), f"an engine of max_len {capacity} drafting {k} tokens")
         self.head = head.eval()
         self.k = k
         self.features = head.feature_kind
@@ -191,9 +194,12 @@ def last_valid(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
 
 
 class Eagle3Proposer(HeadProposer):
-    """K sequential head steps batched over slots; each feeds its output hidden state to the next."""
+    """K sequential head steps batched over slots; each feeds its output hidden state to the next.
+    Any head drafts a chain this way (EAGLE-3's, or EAGLE's: `name` is the head's method)."""
 
-    name = "eagle3"
+    def __init__(self, head: DraftHead, k: int, slots: int, capacity: int) -> None:
+        self.name = head.method
+        super().__init__(head, k, slots, capacity)
 
     @torch.inference_mode()
     def propose(self, rows: list[Request], k: int) -> Draft:

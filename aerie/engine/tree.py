@@ -22,6 +22,8 @@ from aerie.heads import DraftHead
 class TreeProposer(HeadProposer):
     """`k` is the tree's depth."""
 
+    drafts_tree = True
+
     def __init__(
         self, head: DraftHead, k: int, slots: int, capacity: int, top_k: int = 4, total_tokens: int = 16
     ) -> None:

@@ -7,6 +7,12 @@ that produces logits, the hidden states a draft head needs:
 - EAGLE-3 / P-EAGLE: the residual stream leaving decoder layers {1, L/2-1, L-4} (the states
   entering layers {2, L/2, L-3}, as vLLM and SpecForge tap them), concatenated to 3H.
 - EAGLE / EAGLE-2: the last hidden state (after the final norm, what `lm_head` reads).
+
+Hybrid targets (Qwen3-Next) interleave linear-attention layers, whose token mixer keeps a recurrent
+state per sequence instead of a KV cache. `Target.recurrent_mixers` names those mixers; a forward
+pre-hook hands each mixer's input to the cache of the forward (when the cache records them), so a
+slot cache can roll a state back by replaying the mixer on the accepted tokens alone
+(`aerie.engine.cache.HybridSlotCache`).
 """
 
 from __future__ import annotations
@@ -20,11 +26,40 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 FeatureKind = Literal["eagle3", "last"]
+RECURRENT_LAYER_TYPE = "linear_attention"
 
 
 def eagle3_tap_layers(num_layers: int) -> tuple[int, int, int]:
     """Indices of the decoder layers whose outputs EAGLE-3 fuses (low, mid, high)."""
     return tuple(max(0, i) for i in (1, num_layers // 2 - 1, num_layers - 4))  # type: ignore[return-value]
+
+
+def recurrent_mixers(layers: nn.ModuleList, layer_types: list[str] | None) -> dict[int, nn.Module]:
+    """The linear-attention token mixers of a hybrid model (Qwen3-Next's Gated DeltaNet, the
+    `linear_attn` of each `linear_attention` layer), by layer index; empty for attention-only models."""
+    mixers = {}
+    for index, kind in enumerate(layer_types or []):
+        if kind != RECURRENT_LAYER_TYPE:
+            continue
+        mixer = getattr(layers[index], "linear_attn", None)
+        if mixer is None:
+            raise ValueError(
+                f"layer {index} is {kind} but has no `linear_attn` module: this hybrid architecture is not supported"
+            )
+        mixers[index] = mixer
+    return mixers
+
+
+def _hand_input_to_cache(index: int):
+    """A forward pre-hook for mixer `index`: give its input hidden states to the forward's cache
+    when that cache records mixer inputs (`record_mixer_input`)."""
+
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        record = getattr(kwargs.get("cache"), "record_mixer_input", None)
+        if record is not None:
+            record(index, kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
+
+    return hook
 
 
 @dataclass
@@ -56,6 +91,9 @@ class Target:
         layers = self.decoder.layers
         for index in sorted(set(self.tap_layers)):
             layers[index].register_forward_hook(self._make_hook(index))
+        self.recurrent_mixers = recurrent_mixers(layers, self.layer_types)
+        for index, mixer in self.recurrent_mixers.items():
+            mixer.register_forward_pre_hook(_hand_input_to_cache(index), with_kwargs=True)
 
     @property
     def device(self) -> torch.device:
