@@ -56,7 +56,7 @@ class ServeMetrics:
         self.requests.inc(1, tags={"route": record.route, "status": str(record.status)})
         if record.finish_reason in ("stop", "length"):
             self.finished.inc(1, tags={"finished_reason": record.finish_reason})
-        if record.prompt_tokens and record.finish_reason is not None:
+        if record.prompt_tokens:
             self.prompt_tokens.inc(record.prompt_tokens)
         if record.completion_tokens:
             self.generation_tokens.inc(record.completion_tokens)

@@ -25,7 +25,7 @@ def served_target_dir(tmp_path_factory, tokenizer_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def served_head_dir(tmp_path_factory, served_target_dir) -> Path:
-    return train_served_head(served_target_dir, tmp_path_factory.mktemp("served-head") / "eagle3", epochs=2)
+    return train_served_head(served_target_dir, tmp_path_factory.mktemp("served-head") / "eagle3")
 
 
 def _free_port() -> int:
