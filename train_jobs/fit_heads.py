@@ -87,6 +87,21 @@ def _best(result) -> tuple[Any, dict[str, Any]]:
     return max(scored, key=lambda cm: (cm[1][SCORE], cm[1].get("step", 0)))
 
 
+def check_warm_start(cfg: FitConfig) -> None:
+    """Refuse, before any worker starts, a warm-start head this run cannot train exactly (a
+    sliding-window head, as speculators trains them, over longer sequences than its window)."""
+    from transformers import AutoConfig
+
+    from aerie.heads.base import check_span
+    from aerie.heads.io import CONFIG_NAME, read_head_config
+
+    target_config = AutoConfig.from_pretrained(storage.download_model_files(cfg.target)).get_text_config()
+    head_dir = storage.download(storage.join(cfg.warm_start, CONFIG_NAME)).parent
+    config = read_head_config(head_dir, target_config.num_hidden_layers)
+    check_span(config, cfg.max_length + cfg.ttt_steps,
+               f"--warm-start {cfg.warm_start}: training with max_length {cfg.max_length}")
+
+
 def run_fit(cfg: FitConfig) -> dict[str, Any]:
     """Train (or resume) the run and export its best head; returns a summary. Uses the connected Ray
     instance, or starts a local one."""
@@ -108,6 +123,8 @@ def run_fit(cfg: FitConfig) -> dict[str, Any]:
         ray.init()
     facts = target_facts(cfg.target)
     check_training_data(cfg.data, facts.tokenizer)
+    if cfg.warm_start:
+        check_warm_start(cfg)
     fs, files = split_files(cfg.data, "train")
     index, totals = scan(fs, files, facts.vocab_size)
     cached = cfg.cache_data_mb > 0 and data_bytes(fs, files) <= cfg.cache_data_mb * 1024**2

@@ -22,6 +22,19 @@ from aerie.heads.config import HeadConfig
 from aerie.heads.layers import DecoderLayer, rope_cos_sin
 
 
+def check_span(config: HeadConfig, positions: int, where: str) -> None:
+    """Refuse to run a head over sequences spanning more than `positions` positions when it has
+    sliding-window layers (speculators trains them so): its attention is full, which is the window's
+    only while every key is inside it."""
+    window = config.sliding_window
+    if window is not None and positions > window:
+        raise ValueError(
+            f"{where} spans up to {positions} positions, but the head's layers {list(config.sliding_layers)} use "
+            f"sliding_window={window}, which Aerie's head attention is exactly only up to {window} positions: "
+            "use at most that many"
+        )
+
+
 @dataclass
 class HeadOutput:
     hidden: torch.Tensor
@@ -81,10 +94,20 @@ class DraftHead(nn.Module):
             c.rms_norm_eps,
             fused_input=fused_input,
             skip_input_norm=skip_input_norm,
+            attention_bias=c.attention_bias,
+            mlp_bias=c.mlp_bias,
+            qk_norm=c.layer_type == "qwen3",
+            norm_before_residual=c.norm_before_residual,
         )
 
     def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, dtype)
+        c = self.config
+        return rope_cos_sin(
+            position_ids, c.head_dim, c.rope_theta, dtype, c.rope_scaling_items, c.max_position_embeddings
+        )
+
+    def check_span(self, positions: int, where: str) -> None:
+        check_span(self.config, positions, where)
 
     @staticmethod
     def _one_of(features: torch.Tensor | None, hidden: torch.Tensor | None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Method = Literal["eagle3", "peagle", "eagle"]
 
@@ -43,6 +43,43 @@ class HeadConfig(BaseModel):
     mask_token_id: int | None = Field(default=None, description="P-EAGLE placeholder token")
     embed_trainable: bool = False
     speculative_tokens: int = 3
+    # Architecture options of heads trained elsewhere (vllm-project/speculators' Eagle3 config and
+    # its decoder-layer config). The defaults are the layout Aerie's own heads use.
+    layer_type: Literal["llama", "qwen3"] = Field(
+        default="llama", description="decoder layers: qwen3 adds an RMSNorm per head on q and k (q_norm, k_norm)"
+    )
+    attention_bias: bool = Field(default=False, description="bias on q, k, v and o projections")
+    mlp_bias: bool = Field(default=False, description="bias on the MLP projections")
+    norm_before_residual: bool = Field(default=False, description="layer 0's residual is hidden_norm(fc output)")
+    norm_before_fc: bool = Field(default=False, description="one RMSNorm over the fused features before fc")
+    fc_norm: bool = Field(default=False, description="an RMSNorm per tapped layer's features before fc")
+    norm_output: bool = Field(default=False, description="the hidden state fed back to the next step is norm(h)")
+    rope_scaling: dict[str, str | int | float | bool | None] | None = Field(
+        default=None, description="Hugging Face rope_parameters (without rope_theta) for a scaled RoPE: llama3, "
+        "linear, yarn"
+    )
+    sliding_window: int | None = Field(
+        default=None, ge=1, description="window of the sliding-window layers (the head's attention is full: "
+        "exact while every sequence fits in it, see DraftHead.check_span)"
+    )
+    sliding_layers: tuple[int, ...] = Field(default=(), description="layers that use the sliding window")
+
+    @model_validator(mode="after")
+    def _options_agree(self) -> HeadConfig:
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc and fc_norm exclude each other")
+        if (self.sliding_window is None) != (not self.sliding_layers):
+            raise ValueError("sliding_window and sliding_layers go together")
+        if any(not 0 <= i < self.num_layers for i in self.sliding_layers):
+            raise ValueError(f"sliding_layers {self.sliding_layers}: the head has layers 0..{self.num_layers - 1}")
+        if self.rope_scaling is not None and self.rope_scaling.get("rope_type") in (None, "default"):
+            raise ValueError("rope_scaling needs a rope_type other than default")
+        return self
+
+    @property
+    def rope_scaling_items(self) -> tuple[tuple[str, object], ...]:
+        """`rope_scaling` as the hashable form `layers.rope_cos_sin` takes (empty: plain RoPE)."""
+        return tuple(sorted((self.rope_scaling or {}).items()))
 
     @property
     def feature_kind(self) -> str:

@@ -6,6 +6,12 @@ layer 0: attention over cat(input_layernorm(embed(token)), hidden_norm(g)) (2H),
 layers 1..: plain Llama layers (EAGLE-3 uses one layer; P-EAGLE several)
 hidden = output of the last layer (fed back as `hidden` at the next drafting step)
 logits = lm_head(norm(hidden)) over the reduced draft vocabulary; `draft_to_target` maps ids back.
+
+Options of heads trained by vllm-project/speculators (`HeadConfig`, all off for Aerie's own):
+`norm_before_fc` (one RMSNorm `input_norm` over the 3H features before fc), `fc_norm` (one RMSNorm
+per tapped layer, `fc_norm.i`), `norm_before_residual` (layer 0's residual is hidden_norm(g)),
+`norm_output` (hidden = norm(last layer output), so the fed-back state is normalised too), Qwen3
+layers (q_norm / k_norm), biases, a scaled RoPE.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ class Eagle3Head(DraftHead):
     def __init__(self, config: HeadConfig) -> None:
         super().__init__(config)
         c = config
+        self.input_norm = RMSNorm(3 * c.target_hidden_size, c.rms_norm_eps) if c.norm_before_fc else None
+        self.fc_norm = nn.ModuleList(
+            [RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in range(3)]
+        ) if c.fc_norm else None
         self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
         self.layers = nn.ModuleList(
             [self._make_layer(fused_input=True)] + [self._make_layer() for _ in range(c.num_layers - 1)]
@@ -59,7 +69,14 @@ class Eagle3Head(DraftHead):
         return target_to_draft_index(self.t2d)[ids]
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
-        return self.fc(features.to(self.fc.weight.dtype))
+        """Target features [..., 3H] (or P-EAGLE's `mask_hidden`) -> the head's input state [..., H]."""
+        features = features.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            features = self.input_norm(features)
+        if self.fc_norm is not None:
+            chunks = features.chunk(len(self.fc_norm), dim=-1)
+            features = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(features)
 
     def forward(
         self,
@@ -77,6 +94,9 @@ class Eagle3Head(DraftHead):
         cos, sin = self._rope(position_ids, h.dtype)
         for index, layer in enumerate(self.layers):
             h = layer(h, cos, sin, attention_mask, cache, index, embeds=embeds if index == 0 else None)
+        if self.config.norm_output:
+            h = self.norm(h)
+            return HeadOutput(hidden=h, logits=self.lm_head(h))
         return HeadOutput(hidden=h, logits=self.lm_head(self.norm(h)))
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:

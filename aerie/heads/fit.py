@@ -258,6 +258,7 @@ def fit(
     """Train `head` for `config.epochs` epochs (or `max_steps` / `max_seconds`), then evaluate on
     `eval_examples`. Deterministic for a given seed (data order and P-EAGLE sampling)."""
     config = config or TrainConfig()
+    head.check_span(config.max_length + config.ttt_steps, f"training with max_length {config.max_length}")
     generator = torch.Generator(device="cpu").manual_seed(config.seed)
     usable = sum(1 for e in train if len(e.input_ids) >= 3)
     steps_per_epoch = math.ceil(usable / config.batch_size)
