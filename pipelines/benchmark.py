@@ -25,6 +25,7 @@ import json
 import sys
 import time
 import warnings
+from dataclasses import asdict
 from typing import Any
 
 import ray
@@ -96,7 +97,8 @@ class EngineActor:
         bar = _bar(settings["progress"], settings["requests"], _cell_label(cell, settings))
         run = await run_cell(self.loop, self.prompts, cell["concurrency"], settings["requests"],
                              settings["warmup"][str(cell["concurrency"])], params,
-                             on_done=(lambda _: bar.update(1)) if bar else None)
+                             on_done=(lambda _: bar.update(1)) if bar else None,
+                             offset=cell["round"] * settings["requests"])
         if bar:
             bar.close()
         return cell_result(Cell(**cell), self.variant, run)
@@ -126,7 +128,8 @@ class PeerActor:
         bar = _bar(settings["progress"], settings["requests"], _cell_label(cell, settings))
         run = run_peer_cell(self.target, cell["variant"], self.prompts, settings["requests"], settings["warmup"]["1"],
                             settings["max_tokens"], settings["lookup_tokens"], settings["ignore_eos"],
-                            on_done=(lambda _: bar.update(1)) if bar else None)
+                            on_done=(lambda _: bar.update(1)) if bar else None,
+                            offset=cell["round"] * settings["requests"])
         if bar:
             bar.close()
         return cell_result(Cell(**cell), Variant(cell["variant"], cell["variant"]), run)
@@ -220,7 +223,8 @@ def _actor_options(cfg: BenchConfig, pg, bundle: int) -> dict:
 
 
 def build_dag(cfg: BenchConfig, variants: list[Variant], cells: list[Cell], pg, started_at: float):
-    task_env = {"runtime_env": {"env_vars": storage.worker_env()}}
+    env = storage.worker_env()  # the driver's S3 settings, for the tasks that read and write storage
+    task_env = {"runtime_env": {"env_vars": env}} if env else {}
     prompts = load_prompts.options(**task_env).bind(cfg.target, cfg.prompts, cfg.max_prompts)
     slots = max(cfg.concurrency)
     engines = [v for v in variants if not v.is_peer]
@@ -235,9 +239,9 @@ def build_dag(cfg: BenchConfig, variants: list[Variant], cells: list[Cell], pg, 
                 "progress": cfg.progress, "cells": len(cells)}
     previous, chain = ready, []
     for cell in cells:
-        previous = actors[cell.variant].cell.bind(cell.__dict__, settings, previous)
+        previous = actors[cell.variant].cell.bind(asdict(cell), settings, previous)
         chain.append(previous)
-    checked = check_lossless.options(**task_env).bind(aggregate.bind([v.label for v in variants], *chain))
+    checked = check_lossless.bind(aggregate.bind([v.label for v in variants], *chain))
     cfg_dict = cfg.model_dump(mode="json")
     winner = choose.bind(cfg_dict, checked)
     facts = {"target": cfg.target, "prompt_source": cfg.prompts, "variants": len(variants), "repeats": cfg.repeats,

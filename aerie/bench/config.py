@@ -62,7 +62,8 @@ class BenchConfig(BaseModel):
     )
     repeats: int = Field(3, ge=1, description="Rounds; every variant runs once per round, interleaved.")
     max_tokens: int = Field(64, ge=1, description="New tokens per request (greedy, temperature 0).")
-    max_prompts: int = Field(64, ge=1, description="Prompts used (the first of the eval split or file).")
+    max_prompts: int = Field(64, ge=1, description="Prompts read (the first of the eval split or file); round r "
+                             "measures prompts r x requests onwards, wrapping around.")
     ignore_eos: bool = Field(False, description="Generate max_tokens even past the end-of-turn token.")
     peers: bool = Field(False, description="Also measure Hugging Face generate: greedy, and prompt lookup.")
     lookup_tokens: int = Field(10, ge=1, description="prompt_lookup_num_tokens of the HF prompt-lookup peer.")
@@ -138,6 +139,8 @@ class BenchConfig(BaseModel):
             )
         if self.peers and 1 not in self.concurrency:
             raise ValueError("peers run at concurrency 1: add 1 to concurrency")
+        if self.num_cpus == 0 and self.num_gpus == 0:
+            raise ValueError("num_cpus and num_gpus are both 0: an engine actor must reserve some CPU or GPU")
         return self
 
     def ks_for(self, method: str) -> list[KValue]:

@@ -4,8 +4,9 @@ A cell runs its warm-up requests, waits for the engine to go idle, snapshots the
 counters, runs the measured requests, waits for idle again and snapshots again: speculation
 figures are the difference, so they cover the measured window only. Each client records, per
 request, when it submitted, when every streamed chunk arrived and how many tokens it carried,
-and the output ids (for the lossless check). Measured request i asks prompt i mod n; warm-up
-request j asks prompt n-1-j mod n, so every cell of every variant measures the same prompts.
+and the output ids (for the lossless check). In round r, measured request i asks prompt
+(r x requests + i) mod n and warm-up request j prompt (n-1-j) mod n: every variant measures the
+same prompts at every concurrency of a round, and later rounds move on through the traffic.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from aerie.engine.loop import EngineLoop, LoopStats
-from aerie.engine.request import SamplingParams
+if TYPE_CHECKING:  # the records and maths load without torch (the report tasks need no engine)
+    from aerie.engine.loop import EngineLoop, LoopStats
+    from aerie.engine.request import SamplingParams
 
 
 @dataclass
@@ -81,8 +84,8 @@ class CellRun:
     counters: WindowCounters | None = None
 
 
-def measured_prompts(n_prompts: int, requests: int) -> list[int]:
-    return [i % n_prompts for i in range(requests)]
+def measured_prompts(n_prompts: int, requests: int, offset: int = 0) -> list[int]:
+    return [(offset + i) % n_prompts for i in range(requests)]
 
 
 def warmup_prompts(n_prompts: int, warmup: int) -> list[int]:
@@ -136,13 +139,16 @@ async def until_idle(loop: EngineLoop, poll: float = 0.001) -> LoopStats:
 
 
 async def run_cell(loop: EngineLoop, prompts: Sequence[Sequence[int]], concurrency: int, requests: int, warmup: int,
-                   params: SamplingParams, on_done: Callable[[RequestRecord], None] | None = None) -> CellRun:
-    """Warm-up, then the measured requests with the engine's counters taken around them."""
+                   params: SamplingParams, on_done: Callable[[RequestRecord], None] | None = None,
+                   offset: int = 0) -> CellRun:
+    """Warm-up, then the measured requests (from prompt `offset` on) with the engine's counters
+    taken around them."""
     n = len(prompts)
     warm = await closed_loop(loop, prompts, warmup_prompts(n, warmup), concurrency, params, False)
     before = await until_idle(loop)
     start = time.perf_counter()
-    records = await closed_loop(loop, prompts, measured_prompts(n, requests), concurrency, params, True, on_done)
+    records = await closed_loop(loop, prompts, measured_prompts(n, requests, offset), concurrency, params, True,
+                                on_done)
     wall = time.perf_counter() - start
     after = await until_idle(loop)
     return CellRun(warm + records, wall, WindowCounters.between(before, after))

@@ -55,14 +55,14 @@ def hf_request(target: Target, prompts: Sequence[Sequence[int]], index: int, max
 
 def run_peer_cell(target: Target, method: str, prompts: Sequence[Sequence[int]], requests: int, warmup: int,
                   max_tokens: int, lookup_tokens: int, ignore_eos: bool,
-                  on_done: Callable[[RequestRecord], None] | None = None) -> CellRun:
+                  on_done: Callable[[RequestRecord], None] | None = None, offset: int = 0) -> CellRun:
     """Warm-up then measured requests, one after another, with the engine cells' prompt order."""
     n = len(prompts)
     lookup = lookup_tokens if method == LOOKUP else None
     warm = [hf_request(target, prompts, i, max_tokens, lookup, ignore_eos, False) for i in warmup_prompts(n, warmup)]
     start = time.perf_counter()
     records = []
-    for i in measured_prompts(n, requests):
+    for i in measured_prompts(n, requests, offset):
         records.append(hf_request(target, prompts, i, max_tokens, lookup, ignore_eos, True))
         if on_done is not None:
             on_done(records[-1])

@@ -144,8 +144,10 @@ def render_report(rows: list[dict], verdicts: dict[str, Verdict], winner: Winner
     lines += latency_section(rows)
     lines += ["## Noise", "",
               "Variants run interleaved: every round runs each variant once per concurrency, the order rotated "
-              "by one each round, so drift of the machine hits all alike. The ± column above is half the "
-              "spread (max - min) of output throughput over the rounds, as a share of the median; "
+              "by one each round, so drift of the machine hits all alike; all variants measure the same prompts "
+              "within a round, and each round moves on to the next prompts. The ± column above is half the "
+              "spread (max - min) of output throughput over the rounds (machine noise and prompt mix), as a "
+              "share of the median; "
               "`output_throughput_repeats` in results.json lists every round. A difference smaller than the "
               "spread is not a result.", ""]
     if facts.get("builds"):

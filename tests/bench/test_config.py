@@ -40,6 +40,7 @@ def test_k_takes_auto_and_concurrency_is_sorted():
     ({"out": "gs://bucket/x"}, "out: must be a local path or an s3:// URI"),
     ({"requests": 0}, "requests: Input should be greater than or equal to 1"),
     ({"repeat": 2}, "repeat: Extra inputs are not permitted"),
+    ({"num_cpus": 0}, "num_cpus and num_gpus are both 0"),
 ])
 def test_bad_values_are_named(values, message):
     assert message in errors(**values)

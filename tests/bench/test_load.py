@@ -23,7 +23,7 @@ def model():
 
 
 def test_measured_and_warmup_prompts_do_not_depend_on_concurrency():
-    assert measured_prompts(3, 5) == [0, 1, 2, 0, 1]
+    assert measured_prompts(3, 5) == [0, 1, 2, 0, 1] and measured_prompts(5, 3, offset=3) == [3, 4, 0]
     assert warmup_prompts(3, 4) == [2, 1, 0, 2]
 
 

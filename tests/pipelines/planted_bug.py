@@ -1,8 +1,8 @@
 """A verification bug planted in ONE proposer class, for the benchmark's lossless test.
 
-The benchmark's engine actors load it through `runtime_env={"worker_process_setup_hook":
-"tests.pipelines.planted_bug.accept_one_draft_too_many"}`: every engine then runs with it, but only
-engines drafting with P-EAGLE are affected. The bug is a classic off-by-one of greedy
+The benchmark test gives every engine actor this module as its worker setup hook (through the
+actors' runtime_env); every engine then runs with it, but only engines drafting with P-EAGLE are
+affected. The bug is a classic off-by-one of greedy
 verification: the first rejected draft token is kept as if it had been accepted."""
 
 from __future__ import annotations

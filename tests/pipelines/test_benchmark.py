@@ -12,10 +12,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from random_models import trained_heads
+from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 
 from aerie.winner import Winner
 
-PLANTED_BUG = "tests.pipelines.planted_bug.accept_one_draft_too_many"
+# Ray runs a worker_process_setup_hook only from the job's runtime_env (ray.init); an actor's
+# runtime_env reaches the same mechanism through the variable that hook is exported as.
+PLANTED_BUG = {"env_vars": {WORKER_PROCESS_SETUP_HOOK_ENV_VAR: "planted_bug.accept_one_draft_too_many",
+                            "PYTHONPATH": str(Path(__file__).parent)}}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def run(ray_local, regenerated, tiny_target_dir, heads, tmp_path_factory) -> tup
         target=str(tiny_target_dir), heads=heads, prompts=str(regenerated[0]), out=str(out),
         concurrency=[1, 2], k=[2], k_per_method={"eagle3": [2, "auto"]}, ngram=False, requests=4, warmup=1,
         repeats=2, max_tokens=12, peers=True, incumbent=str(serving), expected_concurrency=2, progress=False,
-        runtime_env={"worker_process_setup_hook": PLANTED_BUG},
+        runtime_env=PLANTED_BUG,
     )
     return out, run_benchmark(cfg)
 
