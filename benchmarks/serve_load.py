@@ -4,13 +4,14 @@
         [--clients 32] [--seconds 60] [--single-seconds 20] [--max-tokens 64] [--out .aerie/bench/serve_load]
     python benchmarks/serve_load.py --winner RUN/bench/winner.json     # the speculative endpoint from a winner
 
-For each endpoint in turn (plain decoding, then the head with adaptive K) on a local Ray instance
-(HTTP on 127.0.0.1 only): deploy it with Data Capture on, send one streaming client for
-`--single-seconds`, then `--clients` closed-loop streaming clients for `--seconds` (a client that
-gets a 429 waits its Retry-After and goes on), then read Ray's Prometheus endpoint, and delete the
-application. Bounded in time (the windows; requests in flight at the end are awaited at most
-`--drain-seconds`) and in count (`--max-requests` per window). Prompts are held-out chat requests
-of the target's traffic (`aerie.traffic.synthesize(part="eval")`), greedy.
+Both endpoints (plain decoding, and the head with adaptive K) run side by side on a local Ray
+instance (HTTP on 127.0.0.1 only, one prefix each), with Data Capture on. Windows: one streaming
+client for `--single-seconds` per endpoint, then `--clients` closed-loop streaming clients for
+`--seconds` per endpoint (a client that gets a 429 waits its Retry-After and goes on), the order of
+the endpoints alternating over `--repeats` rounds; then Ray's Prometheus endpoint is read and the
+applications deleted. Bounded in time (the windows; requests in flight at the end are awaited at
+most `--drain-seconds`) and in count (`--max-requests` per window). Prompts are held-out chat
+requests of the target's traffic (`aerie.traffic.synthesize(part="eval")`), greedy.
 
 Reports per endpoint and window: requests started / completed / 429 / 5xx / other failures,
 output tok/s (completed tokens over the window until the last request ended), mean TTFT, the
@@ -164,30 +165,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(name: str, config, args, prompts) -> dict:
+def measure(configs: dict, args, prompts) -> list[dict]:
+    """Both endpoints deployed side by side (one proxy, a prefix each), windows interleaved: the
+    single-client windows, then the loaded ones, the order of the endpoints alternating by round, so
+    a drift in the machine's load does not favour either."""
     import ray
     from ray import serve
 
     from serve_apps.openai_app import deploy
 
-    started = time.monotonic()
-    url = deploy(config)
-    deployed = time.monotonic() - started
-    model = config.resolved().served_model
-    asyncio.run(run_window(url, model, prompts, 2, 5.0, args.max_tokens, 50, args.drain_seconds))  # warm up
-    single = asyncio.run(run_window(url, model, prompts, 1, args.single_seconds, args.max_tokens,
-                                    args.max_requests, args.drain_seconds))
-    loaded = asyncio.run(run_window(url, model, prompts, args.clients, args.seconds, args.max_tokens,
-                                    args.max_requests, args.drain_seconds))
-    stats = httpx.get(f"{url}/stats", timeout=10).json()
+    urls, deployed = {}, {}
+    for name, config in configs.items():
+        started = time.monotonic()
+        urls[name] = deploy(config)
+        deployed[name] = round(time.monotonic() - started, 1)
+    models = {name: config.resolved().served_model for name, config in configs.items()}
+    for name in configs:  # warm up
+        asyncio.run(run_window(urls[name], models[name], prompts, 2, 5.0, args.max_tokens, 50, args.drain_seconds))
+    windows: dict = {name: {"single": [], "loaded": []} for name in configs}
+    for number in range(args.repeats):
+        order = list(configs) if number % 2 == 0 else list(configs)[::-1]
+        for kind, clients, seconds in (("single", 1, args.single_seconds), ("loaded", args.clients, args.seconds)):
+            for name in order:
+                window = asyncio.run(run_window(urls[name], models[name], prompts, clients, seconds,
+                                                args.max_tokens, args.max_requests, args.drain_seconds))
+                windows[name][kind].append(window)
+                print(f"{name} {kind}: {json.dumps(window.summary())}", flush=True)
     time.sleep(12)  # Ray exports metrics every few seconds
-    metrics = scrape(ray.nodes()[0]["MetricsExportPort"], config.name)
-    serve.delete(config.name)  # graceful: the replica writes what it has captured
-    return {"endpoint": name, "method": config.resolved().method, "k": config.resolved().k,
-            "deploy_seconds": round(deployed, 1), "single": single.summary(), "loaded": loaded.summary(),
+    port = ray.nodes()[0]["MetricsExportPort"]
+    results = []
+    for name, config in configs.items():
+        stats = httpx.get(f"{urls[name]}/stats", timeout=10).json()
+        single, loaded = (merged(windows[name][kind]) for kind in ("single", "loaded"))
+        served = config.resolved()
+        results.append({
+            "endpoint": name, "method": served.method, "k": served.k, "deploy_seconds": deployed[name],
+            "single": single.summary(), "loaded": loaded.summary(),
             "aggregate_over_single": round(loaded.tokens_per_s / single.tokens_per_s, 2) if single.tokens else None,
+            "windows": {kind: [w.summary() for w in ws] for kind, ws in windows[name].items()},
             "stats": {k: stats[k] for k in ("decode_steps", "decode_rows", "k_histogram", "spec_decode", "capture")},
-            "prometheus": metrics}
+            "prometheus": scrape(port, config.name),
+        })
+        serve.delete(config.name)  # graceful: the replica writes what it has captured
+    return results
+
+
+def merged(windows: list[Window]) -> Window:
+    """The repeats of one window as one: counts and durations added."""
+    out = Window(windows[0].clients, sum(w.seconds for w in windows))
+    for w in windows:
+        for name in ("started", "completed", "rate_limited", "server_errors", "failed", "tokens", "duration"):
+            setattr(out, name, getattr(out, name) + getattr(w, name))
+        out.ttfts += w.ttfts
+    return out
 
 
 def ingest_capture(capture_root: Path, target: str, out: Path) -> dict:
@@ -229,6 +259,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--single-seconds", type=float, default=20.0)
     parser.add_argument("--drain-seconds", type=float, default=60.0)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of windows, endpoints alternating")
     parser.add_argument("--max-requests", type=int, default=5000, help="per window")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-slots", type=int, default=32)
@@ -265,19 +296,16 @@ def main() -> None:
     baseline = ServeConfig(target=target, name="baseline", **common)
     ray.init(address="local", include_dashboard=False, num_cpus=2, object_store_memory=512 * 1024**2,
              log_to_driver=False)
-    results = []
-    for name, config in (("baseline", baseline), ("speculative", speculative)):
-        config = config.model_copy(update={"capture": _capture(capture_root, name)})
-        print(f"--- {name}: {config.resolved().method} k={config.resolved().k}", flush=True)
-        results.append(measure(name, config, args, prompts))
-        print(json.dumps({k: results[-1][k] for k in ("single", "loaded", "aggregate_over_single")}), flush=True)
+    configs = {name: config.model_copy(update={"capture": _capture(capture_root, name), "route_prefix": f"/{name}"})
+               for name, config in (("baseline", baseline), ("speculative", speculative))}
+    results = measure(configs, args, prompts)
     from ray import serve
 
     serve.shutdown()
     ingested = ingest_capture(capture_root, target, out / "ingested")
     ray.shutdown()
     ratio = results[1]["loaded"]["output_throughput"] / max(results[0]["loaded"]["output_throughput"], 1e-9)
-    report = {"clients": args.clients, "seconds": args.seconds, "max_tokens": args.max_tokens,
+    report = {"clients": args.clients, "seconds": args.seconds, "repeats": args.repeats, "max_tokens": args.max_tokens,
               "max_slots": args.max_slots, "endpoints": results,
               "speculative_over_baseline": round(ratio, 3), "ingest": ingested}
     (out / "serve_load.json").write_text(json.dumps(report, indent=2) + "\n")
