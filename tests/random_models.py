@@ -40,21 +40,22 @@ ARCHITECTURES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next"
 QWEN3_NEXT_LAYERS = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
 
 
-def random_model(arch: str, seed: int = 0) -> torch.nn.Module:
+def random_model(arch: str, seed: int = 0, vocab_size: int = VOCAB) -> torch.nn.Module:
     torch.manual_seed(seed)
+    common = {**_COMMON, "vocab_size": vocab_size}
     if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**_COMMON))
+        model = LlamaForCausalLM(LlamaConfig(**common))
     elif arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**_COMMON))
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
     elif arch == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(**_COMMON, head_dim=16))
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16))
     elif arch == "qwen3_moe":
         model = Qwen3MoeForCausalLM(
-            Qwen3MoeConfig(**_COMMON, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+            Qwen3MoeConfig(**common, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
         )
     elif arch == "gpt_oss":
         config = GptOssConfig(
-            **{**_COMMON, "intermediate_size": 64},
+            **{**common, "intermediate_size": 64},
             head_dim=16,
             num_local_experts=4,
             num_experts_per_tok=2,
@@ -66,7 +67,7 @@ def random_model(arch: str, seed: int = 0) -> torch.nn.Module:
     elif arch == "qwen3_next":
         # Gated DeltaNet layers around one gated full-attention layer, every layer an MoE block.
         config = Qwen3NextConfig(
-            **_COMMON,
+            **common,
             head_dim=16,
             layer_types=QWEN3_NEXT_LAYERS,
             linear_num_key_heads=2,
