@@ -13,9 +13,9 @@ from serving_models import build_served_target, train_served_head
 API_KEY = "test-key-5f3a"
 MAX_SLOTS = 4
 MAX_WAITING = 4
-MAX_LEN = 512
+MAX_LEN = 2048
 MAX_PROMPT_TOKENS = 160
-MAX_TOKENS_LIMIT = 448
+MAX_TOKENS_LIMIT = 1900
 
 
 @pytest.fixture(scope="session")

@@ -174,7 +174,8 @@ def test_bad_input_gets_openai_errors_while_good_requests_stream(api, model):
 def test_full_queue_gets_429_and_disconnects_free_their_slots(api, model):
     client, config = api
     before = stats(api)
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
+    long = 1800  # seconds of decoding: every request is still running or waiting when the next arrives
+    body = {"model": model, "prompt": PROMPT, "max_tokens": long, "temperature": 0, "stream": True}
     streams = []
     for _ in range(config.max_slots + config.max_waiting):
         response = client.send(client.build_request("POST", "/v1/completions", json=body), stream=True)
@@ -185,12 +186,13 @@ def test_full_queue_gets_429_and_disconnects_free_their_slots(api, model):
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     busy = stats(api)
     assert busy["running"] == config.max_slots and busy["waiting"] == config.max_waiting
-    for response in streams:  # every client goes away mid-stream
-        next(response.iter_lines())
+    for index, response in enumerate(streams):  # every client goes away: mid-stream, or still waiting
+        if index < config.max_slots:
+            next(response.iter_lines())
         response.close()
     idle = wait_for(lambda: (s := stats(api))["running"] == 0 and s["waiting"] == 0 and s, timeout=15)
     generated = idle["decode_tokens"] - before["decode_tokens"]
-    assert generated < config.max_slots * 400 / 2, f"cancelled requests ran on: {generated} tokens"
+    assert generated < config.max_slots * long / 4, f"cancelled requests ran on: {generated} tokens"
     after = client.post("/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": 4})
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
 
