@@ -6,7 +6,7 @@ the serving deployment, Hugging Face peers), over concurrency and K, lossless, w
 
 One Ray DAG, composed with `.bind()` and executed once::
 
-    load_prompts ─▶ one engine actor per variant (+ one peer actor) ─▶ ready barrier
+    load_prompts ─▶ one engine actor per variant ─▶ ready barrier
       ─▶ cell ─▶ cell ─▶ ... (chained: one at a time, round by round, every variant per level)
       ─▶ aggregate ─▶ lossless check ─▶ winner ─▶ report ─▶ winner.json (last: the stage is complete)
 
@@ -14,6 +14,7 @@ Every actor holds one engine (`aerie.engine.loop.EngineLoop`) and answers each c
 closed-loop streaming client of `aerie.bench.load`. Cells are chained (each takes the previous
 cell's result) so no two run at once, and the chain starts only when every actor has loaded its
 target, head and calibration, so nothing else competes for the machine while a cell is measured.
+The peers (Hugging Face `generate`) run in the baseline's actor, on the model it has loaded.
 All actors live on one node (a STRICT_PACK placement group): interleaved variants must share the
 hardware they are compared on. The Ray-free logic (metrics, lossless check, selection, report)
 is in `aerie/bench/`.
@@ -62,31 +63,35 @@ def _cell_label(cell: dict, settings: dict) -> str:
 
 @ray.remote
 class EngineActor:
-    """One variant's engine, stepped on its own thread; cells stream requests into it."""
+    """One variant's engine, stepped on its own thread; cells stream requests into it. The target
+    loads when the actor starts, while the prompts are still being read; the engine is built once
+    they are (its longest request sets the cache length)."""
 
-    def __init__(self, variant: dict, target: str, prompts: list[list[int]], slots: int, max_tokens: int,
-                 threads: int) -> None:
-        from aerie.engine import EngineConfig
-        from aerie.engine.build import build_engine
-        from aerie.engine.loop import EngineLoop
+    def __init__(self, variant: dict, target: str, threads: int) -> None:
         from aerie.target import load_target
 
         _threads(threads)
         started = time.perf_counter()
         self.variant = Variant(**variant)
+        self.target = load_target(target)
+        self.load_seconds = time.perf_counter() - started
+
+    def ready(self, prompts: list[list[int]], slots: int, max_tokens: int) -> dict:
+        from aerie.engine import EngineConfig
+        from aerie.engine.build import build_engine
+        from aerie.engine.loop import EngineLoop
+
+        started = time.perf_counter()
         self.prompts = prompts
-        loaded = load_target(target)
         config = EngineConfig(max_slots=slots, max_len=max(map(len, prompts)) + max_tokens)
-        engine = build_engine(loaded, config, self.variant.method, self.variant.head, self.variant.k,
+        engine = build_engine(self.target, config, self.variant.method, self.variant.head, self.variant.k,
                               tree=self.variant.tree or None)
         self.loop = EngineLoop(engine)
         policy = engine.policy
-        self.build = {"variant": self.variant.label, "build_seconds": time.perf_counter() - started,
-                      "calibration_seconds": policy.calibration_seconds if policy is not None else None,
-                      "device": str(loaded.device)}
-
-    def ready(self) -> dict:
-        return self.build
+        return {"variant": self.variant.label, "load_seconds": self.load_seconds,
+                "build_seconds": time.perf_counter() - started,
+                "calibration_seconds": policy.calibration_seconds if policy is not None else None,
+                "device": str(self.target.device)}
 
     async def cell(self, cell: dict, settings: dict, after: Any) -> dict:
         from aerie.bench.aggregate import cell_result
@@ -103,25 +108,8 @@ class EngineActor:
             bar.close()
         return cell_result(Cell(**cell), self.variant, run)
 
-
-@ray.remote
-class PeerActor:
-    """Hugging Face `generate` on the same target and prompts (greedy, prompt lookup)."""
-
-    def __init__(self, target: str, prompts: list[list[int]], threads: int) -> None:
-        from aerie.target import load_target
-
-        _threads(threads)
-        started = time.perf_counter()
-        self.prompts = prompts
-        self.target = load_target(target)
-        self.build = {"variant": "hf peers", "build_seconds": time.perf_counter() - started,
-                      "calibration_seconds": None, "device": str(self.target.device)}
-
-    def ready(self) -> dict:
-        return self.build
-
-    def cell(self, cell: dict, settings: dict, after: Any) -> dict:
+    def peer_cell(self, cell: dict, settings: dict, after: Any) -> dict:
+        """A Hugging Face `generate` peer (greedy, prompt lookup) on this actor's loaded model."""
         from aerie.bench.aggregate import cell_result
         from aerie.bench.peers import run_peer_cell
 
@@ -228,18 +216,18 @@ def build_dag(cfg: BenchConfig, variants: list[Variant], cells: list[Cell], pg, 
     prompts = load_prompts.options(**task_env).bind(cfg.target, cfg.prompts, cfg.max_prompts)
     slots = max(cfg.concurrency)
     engines = [v for v in variants if not v.is_peer]
-    actors = {v.label: EngineActor.options(**_actor_options(cfg, pg, i)).bind(
-        v.to_dict(), cfg.target, prompts, slots, cfg.max_tokens, cfg.threads) for i, v in enumerate(engines)}
-    if len(engines) < len(variants):
-        peer = PeerActor.options(**_actor_options(cfg, pg, len(engines))).bind(cfg.target, prompts, cfg.threads)
-        actors |= {v.label: peer for v in variants if v.is_peer}
-    ready = barrier.bind(*[actor.ready.bind() for actor in dict.fromkeys(actors.values())])
+    actors = {v.label: EngineActor.options(**_actor_options(cfg, pg, i)).bind(v.to_dict(), cfg.target, cfg.threads)
+              for i, v in enumerate(engines)}
+    ready = barrier.bind(*[actor.ready.bind(prompts, slots, cfg.max_tokens) for actor in actors.values()])
     settings = {"requests": cfg.requests, "warmup": {str(c): cfg.warmup_for(c) for c in cfg.concurrency},
                 "max_tokens": cfg.max_tokens, "ignore_eos": cfg.ignore_eos, "lookup_tokens": cfg.lookup_tokens,
                 "progress": cfg.progress, "cells": len(cells)}
     previous, chain = ready, []
     for cell in cells:
-        previous = actors[cell.variant].cell.bind(asdict(cell), settings, previous)
+        if cell.variant in actors:
+            previous = actors[cell.variant].cell.bind(asdict(cell), settings, previous)
+        else:
+            previous = actors[BASELINE].peer_cell.bind(asdict(cell), settings, previous)
         chain.append(previous)
     checked = check_lossless.bind(aggregate.bind([v.label for v in variants], *chain))
     cfg_dict = cfg.model_dump(mode="json")
@@ -264,7 +252,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     target_config = json.loads(storage.read_text(storage.join(cfg.target, "config.json")))
     variants = plan_variants(cfg, incumbent, eagle_drafts_tree(target_config))
     cells = plan_cells(variants, cfg.concurrency, cfg.repeats)
-    actors = sum(not v.is_peer for v in variants) + any(v.is_peer for v in variants)
+    actors = sum(not v.is_peer for v in variants)
     bundle = {k: v for k, v in (("CPU", cfg.num_cpus), ("GPU", cfg.num_gpus)) if v}
     _log(f"{len(variants)} variants x {len(cfg.concurrency)} concurrency levels x {cfg.repeats} rounds = "
          f"{len(cells)} cells; {actors} actors ({bundle} each) on one node")

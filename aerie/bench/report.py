@@ -152,8 +152,9 @@ def render_report(rows: list[dict], verdicts: dict[str, Verdict], winner: Winner
               "spread is not a result.", ""]
     if facts.get("builds"):
         lines += ["## Engines", ""] + _table(
-            ["variant", "build (s)", "calibration (s)"],
-            [[b["variant"], _f(b["build_seconds"], 1), _f(b.get("calibration_seconds"), 1)] for b in facts["builds"]],
+            ["variant", "target load (s)", "engine build (s)", "of which calibration (s)"],
+            [[b["variant"], _f(b.get("load_seconds"), 1), _f(b["build_seconds"], 1),
+              _f(b.get("calibration_seconds"), 1)] for b in facts["builds"]],
         ) + [""]
     lines += ["## Plots", ""] + [f"- [{title}]({name})" for name, title in PLOTS.items()]
     lines += ["", "Raw data: `results.json` / `results.parquet` (one row per variant x K x concurrency), "
