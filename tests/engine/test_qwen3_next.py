@@ -107,6 +107,19 @@ def test_after_every_step_each_slot_holds_the_states_of_its_kept_tokens(qwen3_ne
     assert checked > 20 and 0 < engine.spec.accepted_tokens < engine.spec.draft_tokens
 
 
+def test_states_and_replays_make_their_tensors_on_the_target_device(qwen3_next, prompts, baseline):
+    """As `test_device_discipline`: with "meta" the default device, any tensor made without an
+    explicit device (a state, a replay index) would be a meta tensor and fail next to real ones."""
+    target, head = qwen3_next
+    engine = build_engine(target, CONFIG, "eagle", head, 3)
+    sampled = [SamplingParams(max_tokens=8, temperature=0.8, seed=i) for i in range(3)]
+    with torch.device("meta"):
+        greedy = engine.generate(prompts[:3], SamplingParams(max_tokens=NEW_TOKENS))
+        engine.generate(prompts[:3], sampled)
+    assert [r.token_ids for r in greedy] == baseline[:3]
+    assert 0 < engine.spec.accepted_tokens < engine.spec.draft_tokens
+
+
 def test_a_tree_is_refused_with_the_reason(qwen3_next):
     target, head = qwen3_next
     with pytest.raises(ValueError, match="linear-attention layers: their recurrent state"):
