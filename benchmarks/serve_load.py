@@ -244,7 +244,7 @@ def plot(results: list[dict], path: Path, clients: int) -> None:
     axis.set_xticks(list(xs), names)
     axis.set_ylabel("output tok/s (streamed over HTTP)")
     axis.set_title("Ray Serve endpoint under load")
-    axis.legend()
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 

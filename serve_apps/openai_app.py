@@ -29,6 +29,7 @@ from ray import serve
 from ray.serve import Application
 
 from aerie.serving.config import ServeConfig
+from aerie.serving.deploy_configs import with_absolute_paths
 from aerie.serving.http import create_app
 from aerie.serving.service import OpenAIService
 from serve_apps.metrics import ServeMetrics
@@ -63,7 +64,7 @@ def application(config: ServeConfig) -> Application:
         options["autoscaling_config"] = config.autoscaling.model_dump()
     else:
         options["num_replicas"] = config.num_replicas
-    return OpenAIEndpoint.options(**options).bind(config)
+    return OpenAIEndpoint.options(**options).bind(with_absolute_paths(config))
 
 
 def build_app(args: dict[str, Any]) -> Application:

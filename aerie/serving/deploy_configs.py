@@ -41,14 +41,20 @@ def _http(config: ServeConfig) -> dict[str, Any]:
     return {"proxy_location": "HeadOnly", "http_options": {"host": config.host, "port": config.port}}
 
 
+def with_absolute_paths(config: ServeConfig) -> ServeConfig:
+    """The config with its local paths absolute: replicas (and Serve's builder) run in other
+    processes, possibly in another working directory."""
+    update: dict[str, Any] = {name: absolute(getattr(config, name)) for name in MODEL_PATH_FIELDS
+                              if getattr(config, name) is not None}
+    if config.capture is not None:
+        update["capture"] = config.capture.model_copy(update={"destination": absolute(config.capture.destination)})
+    return config.model_copy(update=update)
+
+
 def serve_config(config: ServeConfig) -> dict[str, Any]:
     """The Serve config of this endpoint."""
-    args = config.model_dump(mode="json", exclude_none=True, exclude={"host", "port", "name", "route_prefix"})
-    for name in MODEL_PATH_FIELDS:
-        if name in args:
-            args[name] = absolute(args[name])
-    if "capture" in args:
-        args["capture"]["destination"] = absolute(args["capture"]["destination"])
+    args = with_absolute_paths(config).model_dump(mode="json", exclude_none=True,
+                                                  exclude={"host", "port", "name", "route_prefix"})
     app = {"name": config.name, "route_prefix": config.route_prefix, "import_path": SERVE_IMPORT_PATH, "args": args}
     return {**_http(config), "applications": [app]}
 
