@@ -43,7 +43,7 @@ def run(ray_local, regenerated, tiny_target_dir, heads, tmp_path_factory) -> tup
     Winner(target=str(tiny_target_dir), method="eagle3", head=heads["eagle3"], k=3).save(serving)
     cfg = BenchConfig(
         target=str(tiny_target_dir), heads=heads, prompts=str(regenerated[0]), out=str(out),
-        concurrency=[1, 2], k=[2], k_per_method={"eagle3": [2, "auto"]}, ngram=False, requests=4, warmup=1,
+        concurrency=[1, 2], k=[2], ngram=False, requests=4, warmup=1,
         repeats=2, max_tokens=12, peers=True, incumbent=str(serving), expected_concurrency=2, progress=False,
         runtime_env=PLANTED_BUG,
     )
@@ -64,7 +64,7 @@ def test_the_dag_writes_every_file_and_winner_json_last(run):
     assert summary["report"] == str(out / "report.md")
     rows = rows_of(out)
     labels = {(r["variant"], r["max_concurrency"]) for r in rows}
-    engines = ["none", "eagle3 K=2", "eagle3 K=auto", "peagle K=2", "incumbent"]
+    engines = ["none", "eagle3 K=2", "peagle K=2", "incumbent"]
     assert labels == {(v, c) for v in engines for c in (1, 2)} | {("hf_greedy", 1), ("hf_prompt_lookup", 1)}
     assert pq.read_table(out / "results.parquet").num_rows == len(rows)
     for row in rows:
