@@ -15,7 +15,7 @@ from __future__ import annotations
 from ray.serve import metrics
 
 from aerie.engine.loop import LoopStats
-from aerie.serving.service import RequestRecord
+from aerie.serving.records import RequestRecord
 
 PREFIX = "aerie_"
 LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
