@@ -55,12 +55,13 @@ def winner_section(winner: Winner, rows: list[dict]) -> list[str]:
              + (", tree" if winner.tree else "") + (f", head `{winner.head}`" if winner.head else "") + ")", "",
              f"Why: {policy.get('reason')}. Policy: {policy.get('rule')}; expected concurrency "
              f"{winner.expected_concurrency}; SLA: {sla}.", ""]
-    for variant, problems in policy.get("sla_excluded", {}).items():
-        lines.append(f"- excluded by the SLA: {variant}: {'; '.join(problems)}")
+    notes = [f"- excluded by the SLA: {variant}: {'; '.join(problems)}"
+             for variant, problems in policy.get("sla_excluded", {}).items()]
     if policy.get("disqualified"):
-        lines.append(f"- disqualified (not lossless): {', '.join(policy['disqualified'])}")
-    lines += ["", "Best K per load (`k_by_concurrency`, 0 = no speculation): "
-              + ", ".join(f"c={c}: {k}" for c, k in sorted(winner.k_by_concurrency.items())), ""]
+        notes.append(f"- disqualified (not lossless): {', '.join(policy['disqualified'])}")
+    lines += (notes + [""] if notes else []) + [
+        "Best K per load (`k_by_concurrency`, 0 = no speculation): "
+        + ", ".join(f"c={c}: {k}" for c, k in sorted(winner.k_by_concurrency.items())), ""]
     return lines
 
 
