@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+# No rich markup: help texts hold literal brackets ("sagemaker://ENDPOINT[/VARIANT]", "[default: ...]").
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, rich_markup_mode=None)
 
 
 @app.command("tiny-target")
@@ -259,31 +260,31 @@ def bench(
     prompts: Annotated[str | None, typer.Option(
         help="An `aerie ingest` output (its eval split: your own traffic) or a .jsonl prompts file.")] = None,
     out: Annotated[str | None, typer.Option(help="Report folder (local or s3://).")] = None,
-    concurrency: Annotated[str | None, typer.Option(help="Closed-loop client counts. \\[default: 1,2,4,8]")] = None,
+    concurrency: Annotated[str | None, typer.Option(help="Closed-loop client counts. [default: 1,2,4,8]")] = None,
     k: Annotated[str | None, typer.Option(
-        help="Draft tokens per step for every head; 'auto' adds adaptive K. \\[default: 2,3,5]")] = None,
+        help="Draft tokens per step for every head; 'auto' adds adaptive K. [default: 2,3,5]")] = None,
     k_per_method: Annotated[list[str] | None, typer.Option(
         help="K for one method instead of --k: METHOD=K,K (e.g. peagle=4,6; ngram=3) (repeatable).")] = None,
-    requests: Annotated[int | None, typer.Option(help="Measured requests per cell. \\[default: 16]")] = None,
+    requests: Annotated[int | None, typer.Option(help="Measured requests per cell. [default: 16]")] = None,
     warmup: Annotated[int | None, typer.Option(
-        help="Unmeasured requests before them, per cell. \\[default: one per client]")] = None,
-    repeats: Annotated[int | None, typer.Option(help="Rounds, variants interleaved. \\[default: 3]")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="New tokens per request. \\[default: 64]")] = None,
-    max_prompts: Annotated[int | None, typer.Option(help="Prompts used. \\[default: 64]")] = None,
+        help="Unmeasured requests before them, per cell. [default: one per client]")] = None,
+    repeats: Annotated[int | None, typer.Option(help="Rounds, variants interleaved. [default: 3]")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="New tokens per request. [default: 64]")] = None,
+    max_prompts: Annotated[int | None, typer.Option(help="Prompts used. [default: 64]")] = None,
     peers: Annotated[bool | None, typer.Option(
         "--peers", help="Also measure Hugging Face generate, greedy and with prompt lookup (concurrency 1).")] = None,
-    ngram: Annotated[bool | None, typer.Option(help="Measure prompt lookup (no head). \\[default: on]")] = None,
+    ngram: Annotated[bool | None, typer.Option(help="Measure prompt lookup (no head). [default: on]")] = None,
     incumbent: Annotated[str | None, typer.Option(
         help="winner.json of the serving deployment: measured as variant 'incumbent'.")] = None,
     expected_concurrency: Annotated[int | None, typer.Option(
-        help="Winner policy: the load to optimise for. \\[default: the highest --concurrency]")] = None,
+        help="Winner policy: the load to optimise for. [default: the highest --concurrency]")] = None,
     sla_p99_tpot_ms: Annotated[float | None, typer.Option(help="Winner policy: most p99 TPOT (ms).")] = None,
     sla_p99_ttft_ms: Annotated[float | None, typer.Option(help="Winner policy: most p99 TTFT (ms).")] = None,
-    num_cpus: Annotated[float | None, typer.Option(help="CPUs reserved per engine actor. \\[default: 0.1]")] = None,
+    num_cpus: Annotated[float | None, typer.Option(help="CPUs reserved per engine actor. [default: 0.1]")] = None,
     num_gpus: Annotated[float | None, typer.Option(
-        help="GPUs per engine actor (e.g. 0.1 for ten variants on one GPU). \\[default: 0]")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads per engine actor. \\[default: 1]")] = None,
-    progress: Annotated[bool | None, typer.Option(help="Progress bars. \\[default: on]")] = None,
+        help="GPUs per engine actor (e.g. 0.1 for ten variants on one GPU). [default: 0]")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads per engine actor. [default: 1]")] = None,
+    progress: Annotated[bool | None, typer.Option(help="Progress bars. [default: on]")] = None,
     config: Annotated[str | None, typer.Option(help="YAML file of BenchConfig fields; flags override it.")] = None,
 ) -> None:
     """Benchmark the baseline, prompt lookup and every head x K over concurrency as a Ray DAG, check
@@ -329,7 +330,7 @@ def bench(
 @app.command()
 def serve(
     winner: Annotated[str | None, typer.Option(help="A benchmark's winner.json: target, method, head, K.")] = None,
-    target: Annotated[str | None, typer.Option(help="Target model directory (local or s3://), without --winner.")] = None,
+    target: Annotated[str | None, typer.Option(help="Target model dir (local or s3://), without --winner.")] = None,
     method: Annotated[str | None, typer.Option(help="none | ngram | eagle3 | peagle | eagle. [default: none]")] = None,
     head: Annotated[str | None, typer.Option(help="Draft head directory for eagle3 / peagle / eagle.")] = None,
     k: Annotated[str | None, typer.Option(help="Draft tokens per step (0: the head's), or 'auto' (adaptive).")] = None,
@@ -349,7 +350,7 @@ def serve(
     model_name: Annotated[str | None, typer.Option(help="Model id for clients. [default: the target's name]")] = None,
     max_slots: Annotated[int | None, typer.Option(help="Sequences batched per replica. [default: 8]")] = None,
     max_len: Annotated[int | None, typer.Option(help="Prompt + completion tokens. [default: 2048]")] = None,
-    max_waiting: Annotated[int | None, typer.Option(help="Queued requests per replica before 429. [default: 32]")] = None,
+    max_waiting: Annotated[int | None, typer.Option(help="Queued per replica before 429. [default: 32]")] = None,
     num_replicas: Annotated[int | None, typer.Option(help="Replicas. [default: 1]")] = None,
     num_cpus: Annotated[float | None, typer.Option(help="CPUs per replica. [default: 1]")] = None,
     num_gpus: Annotated[float | None, typer.Option(help="GPUs per replica. [default: 0]")] = None,
@@ -388,7 +389,9 @@ def serve(
 
         run(cfg, announce=typer.echo)
         return
-    from aerie.serving.deploy_configs import serve_config, vllm_config as llm_config, write_config as write
+    from aerie.serving.deploy_configs import serve_config
+    from aerie.serving.deploy_configs import vllm_config as llm_config
+    from aerie.serving.deploy_configs import write_config as write
     from serve_apps.config_check import check_serve_config, check_vllm_config
 
     written = {}
@@ -405,6 +408,26 @@ def serve(
               "On a GPU cluster with `pip install 'ray[llm]'`: serve run THIS_FILE")
         written["vllm_config"] = vllm_config
     typer.echo(json.dumps(written))
+
+
+@app.command()
+def optimize(
+    config: Annotated[str | None, typer.Option(help="YAML OptimizeConfig (local or s3://); flags override it.")] = None,
+    continue_from: Annotated[str | None, typer.Option(
+        help="The serving run's folder: this run is its next cycle (continuous optimization).")] = None,
+    name: Annotated[str | None, typer.Option(help="Run name; rerunning it skips the complete stages.")] = None,
+    input: Annotated[str | None, typer.Option(
+        "--input", help="Captured traffic: folder, s3:// prefix or sagemaker://ENDPOINT[/VARIANT].")] = None,
+    target: Annotated[str | None, typer.Option(help="Target model directory (local or s3://).")] = None,
+    storage: Annotated[str | None, typer.Option(help="Where runs live (local or s3://).")] = None,
+) -> None:
+    """Captured traffic -> ingest (regenerated replies) -> heads -> benchmark -> the winner on Ray
+    Serve, as one job; `ray job submit -- python -m pipelines.optimize` runs the same."""
+    from pipelines.optimize import cli_run
+
+    code = cli_run(config, continue_from, name=name, input=input, target=target, storage=storage)
+    if code:
+        raise typer.Exit(code)
 
 
 def main() -> None:

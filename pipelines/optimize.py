@@ -223,10 +223,10 @@ def run_optimize(cfg: OptimizeConfig) -> dict[str, Any]:
     """Every stage in order, skipping complete ones; returns the run record (also in optimize.json)."""
     import ray
 
+    serving = _serving_record(cfg.continuous)
     if not ray.is_initialized():
         ray.init()
     paths = RunPaths(cfg.root)
-    serving = _serving_record(cfg.continuous)
     record = _read_record(paths) | {"config": cfg.model_dump(mode="json"), "root": cfg.root}
     stages = plan(cfg, serving)
     for number, stage in enumerate(stages, start=1):
