@@ -184,8 +184,9 @@ def test_full_queue_gets_429_and_disconnects_free_their_slots(api, model):
     refused = client.post("/v1/completions", json={**body, "stream": False, "max_tokens": 4})
     assert refused.status_code == 429 and refused.headers["Retry-After"] == str(config.retry_after_s)
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
-    busy = stats(api)
-    assert busy["running"] == config.max_slots and busy["waiting"] == config.max_waiting
+    # /stats is the loop's snapshot after its latest step: the last request shows up a step later
+    wait_for(lambda: (s := stats(api))["running"] == config.max_slots and s["waiting"] == config.max_waiting,
+             timeout=30)
     for index, response in enumerate(streams):  # every client goes away: mid-stream, or still waiting
         if index < config.max_slots:
             next(response.iter_lines())
