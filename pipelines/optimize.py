@@ -227,7 +227,12 @@ def run_optimize(cfg: OptimizeConfig) -> dict[str, Any]:
     if not ray.is_initialized():
         ray.init()
     paths = RunPaths(cfg.root)
-    record = _read_record(paths) | {"config": cfg.model_dump(mode="json"), "root": cfg.root}
+    previous = _read_record(paths)
+    changed = changed_settings(previous.get("config"), cfg)
+    if changed:
+        raise ValueError(f"run {cfg.name}: its complete stages were made with other {', '.join(changed)} settings; "
+                         "rerun it with those, or give this one a new --name")
+    record = previous | {"config": cfg.model_dump(mode="json"), "root": cfg.root}
     stages = plan(cfg, serving)
     for number, stage in enumerate(stages, start=1):
         label = f"[{number}/{len(stages)}] {stage.name}"
@@ -251,6 +256,23 @@ def run_optimize(cfg: OptimizeConfig) -> dict[str, Any]:
         storage.write_json(paths.record, record)
         _log(f"{label}: done in {seconds} s")
     return record
+
+
+RESUME_KEYS = ("input", "target", "methods", "ingest", "train", "train_per_method", "bench")
+"""What a complete stage's output depends on: a rerun must not reuse outputs made otherwise."""
+
+
+def changed_settings(previous: dict[str, Any] | None, cfg: OptimizeConfig) -> list[str]:
+    """The settings of `cfg` that differ from the run record's (none for a new run). Deploying and
+    the loop's pacing may change between reruns: they make no stage output that is reused."""
+    if previous is None:
+        return []
+    current = cfg.model_dump(mode="json")
+    changed = [key for key in RESUME_KEYS if previous.get(key) != current[key]]
+    before, now = previous.get("continuous") or {}, current["continuous"] or {}
+    if (before.get("previous_run"), before.get("margin")) != (now.get("previous_run"), now.get("margin")):
+        changed.append("continuous")
+    return changed
 
 
 def _read_record(paths: RunPaths) -> dict[str, Any]:

@@ -140,3 +140,12 @@ def test_continuing_a_run_that_deployed_nothing_is_refused(tmp_path):
                          continuous={"previous_run": str(tmp_path / "never")})
     with pytest.raises(ValueError, match="continuous.previous_run: .* has no deploy.json"):
         optimize.plan(cfg, optimize._serving_record(cfg.continuous))
+
+
+def test_a_rerun_reuses_outputs_only_when_made_with_the_same_settings():
+    cfg = OptimizeConfig(name="x", input="in", target="t", bench={"k": [2]}, serve={"port": 8123})
+    recorded = cfg.model_dump(mode="json")
+    assert optimize.changed_settings(None, cfg) == []
+    assert optimize.changed_settings(recorded, cfg.model_copy(update={"serve": {"port": 9000}, "deploy": False})) == []
+    other = cfg.model_copy(update={"bench": {"k": [3]}, "target": "t2"})
+    assert optimize.changed_settings(recorded, other) == ["target", "bench"]
