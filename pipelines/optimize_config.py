@@ -97,7 +97,8 @@ class OptimizeConfig(BaseModel):
                 problems.append(f"{label}.{derived[0]}: set by the run, not in the config")
                 continue
             try:
-                SECTION_MODELS[kind].model_validate({**PLACEHOLDERS[kind], **values})
+                placeholders = PLACEHOLDERS[kind] | ({"input": self.input} if kind == "ingest" else {})
+                SECTION_MODELS[kind].model_validate({**placeholders, **values})
             except ValidationError as error:
                 problems += [
                     f"{label}.{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
