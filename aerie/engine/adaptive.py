@@ -15,8 +15,9 @@ K = 0 unless the best K's predicted gain beats K = 0 by `margin`; the current K 
 another beats it by `hysteresis`, so a constant load does not flip K every step. K = 0 is the
 baseline's own step (the target forward and verification of `none`; the only extra is keeping the
 target features the head will need when speculation resumes). While K = 0 wins, one step in
-`probe_every` drafts anyway so the acceptance estimate cannot go stale. K is chosen for the whole
-batch (per-request K would split the verify forward's shape and save little: rows that accept
+`probe_every` drafts anyway so the acceptance estimate cannot go stale, as long as drafting could
+pay at that load at all (a perfect draft beating K = 0): otherwise K = 0 costs what `none` costs.
+K is chosen for the whole batch (per-request K would split the verify forward's shape and save little: rows that accept
 little cost little extra in a batched verify).
 """
 
@@ -146,11 +147,21 @@ class AdaptivePolicy:
         self.current = best
         if best == 0:
             self._off_steps += 1
-            if self._off_steps % self.probe_every == 0:
+            if self._off_steps % self.probe_every == 0 and self.could_pay(rows):
                 return max(self.depths, key=scores.__getitem__)
         else:
             self._off_steps = 0
         return best
+
+    def could_pay(self, rows: int) -> bool:
+        """Whether drafting could beat K = 0 at this load even if every draft token were accepted.
+        Where it could not (e.g. verification too dear at a high batch size), probing only costs:
+        a probe's head catch-up over every token since the last draft is the dearest step there is."""
+        baseline = rows / self.costs.step(rows, 0, self.tokens_for[0])
+        return any(
+            rows * (1 + k) / self.costs.step(rows, k, self.tokens_for[k]) > baseline * (1 + self.margin)
+            for k in self.depths
+        )
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         if any(drafted):

@@ -76,6 +76,12 @@ def test_off_probes_now_and_then_and_live_acceptance_turns_it_back_on():
     assert p.choose(1) > 0
 
 
+def test_no_probes_where_even_a_perfect_draft_could_not_pay():
+    p = policy(costs(verify_per_token=4.0, draft_per_step=20.0, base=0.0), rate=0.8, probe_every=4)
+    assert not any(p.could_pay(rows) for rows in ROWS)
+    assert all(p.choose(rows) == 0 for rows in ROWS for _ in range(40))
+
+
 @pytest.mark.parametrize(("method", "tree"), [("ngram", False), ("eagle3", False), ("peagle", False), ("eagle3", True)])
 def test_auto_k_is_lossless_and_counts_k_per_step(llama_with_heads, method, tree):
     target, heads = llama_with_heads
