@@ -17,8 +17,8 @@ baseline's own step (the target forward and verification of `none`; the only ext
 target features the head will need when speculation resumes). While K = 0 wins, one step in
 `probe_every` drafts anyway so the acceptance estimate cannot go stale, as long as drafting could
 pay at that load at all (a perfect draft beating K = 0): otherwise K = 0 costs what `none` costs.
-K is chosen for the whole batch (per-request K would split the verify forward's shape and save little: rows that accept
-little cost little extra in a batched verify).
+K is chosen for the whole batch (per-request K would split the verify forward's shape and save
+little: rows that accept little cost little extra in a batched verify).
 """
 
 from __future__ import annotations
