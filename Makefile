@@ -42,7 +42,7 @@ demo: install
 	@$(RAY) status --address 127.0.0.1:6379 >/dev/null 2>&1 || $(RAY) start --head --node-ip-address 127.0.0.1 \
 		--port 6379 --dashboard-host 127.0.0.1 --num-cpus 2 --object-store-memory 1000000000 \
 		--metrics-export-port 8080 --temp-dir $(RAY_TEMP) --disable-usage-stats
-	$(RAY) job submit --address $(DASHBOARD) --submission-id $(JOB_ID) -- \
+	$(RAY) job submit --address $(DASHBOARD) --submission-id $(JOB_ID) -- bash -c \
 		"cd $(CURDIR) && $(abspath $(PY)) -m pipelines.optimize --config configs/optimize_demo.yaml \
 		--name $(RUN) --target $(abspath $(TARGET)) --input $(abspath $(DEMO_DIR))/capture \
 		--storage $(abspath $(DEMO_DIR))/runs"
