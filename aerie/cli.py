@@ -290,9 +290,9 @@ def bench(
     """Benchmark the baseline, prompt lookup and every head x K over concurrency as a Ray DAG, check
     every output is lossless, write the report (results.json/.parquet, report.md, plots) and
     winner.json. The default sweep (concurrency 1,2,4,8; K 2,3,5 for an EAGLE-3 and a P-EAGLE head;
-    baseline and prompt lookup; 3 rounds of 16 requests x 64 tokens per cell: 96 cells) takes about
-    20 minutes on the tiny target on 2 CPU cores (measured: 21 minutes with --peers, 1 of them
-    starting the 8 engine actors, on a shared 2-core box)."""
+    baseline and prompt lookup; 3 rounds of 16 requests x 64 tokens per cell: 96 cells) takes 15-20
+    minutes on the tiny target on 2 CPU cores (measured with --peers: 15 minutes on a quiet 2-core
+    box, 21 minutes on a shared one; under a minute of it starting the 8 engine actors)."""
     from pydantic import ValidationError
 
     from aerie import storage
