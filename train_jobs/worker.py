@@ -183,7 +183,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         bar = ray_tqdm(total=total_steps, desc=f"train {cfg.method}", unit="step")
         bar.update(state.step)
     window = {"loss": 0.0, "steps": 0.0, "tokens": 0.0, "loss_tokens": 0.0, "seconds": 0.0, "data_seconds": 0.0}
-    last = {"grad_norm": 0.0, "lr": 0.0, "report_time": time.monotonic()}
+    last = {"grad_norm": 0.0, "lr": 0.0, "report_time": time.monotonic(), "checkpoint_step": -1}
     last_eval: dict[str, float] = {}
     last_summary: dict[str, float] = {}
 
@@ -228,6 +228,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         state.history.append(dict(metrics))
         checkpoint, tmp = None, None
         if checkpoint_due:
+            last["checkpoint_step"] = state.step
             rng = comm.gather(generator.get_state())
             if rank == 0:
                 # the head file carries the evaluation of these weights (adaptive k starts from it)
@@ -295,8 +296,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         state.batch_in_epoch = 0
         if state.epoch >= budget["epochs"]:
             break
-        report(checkpoint_due=True)
-        done = stop_early()
+        if last["checkpoint_step"] != state.step:  # else that checkpoint resumes here already
+            report(checkpoint_due=True)
+            done = stop_early()
     state.finished = True
     report(checkpoint_due=True)
     if bar is not None:

@@ -195,3 +195,14 @@ def test_default_budget_stops_early_and_exports_the_best_head(ray_local, fit_tar
     assert summary["metrics"]["best_step"] == best_step and summary["best_metrics"]["eval_acc_1"] == best_acc
     exported = json.loads((tmp_path / "head" / "train_result.json").read_text())
     assert exported["best_step"] == best_step and load_head(cfg.out, target).method == "eagle3"
+
+
+def test_an_epoch_end_right_after_a_checkpoint_writes_no_second_one(ray_local, fit_target, fit_data, tmp_path):
+    """A checkpoint every step: each epoch ends at one. The checkpoint at that step already resumes
+    at the next epoch, so there is no second report (an empty window: loss NaN) nor checkpoint."""
+    cfg = config(fit_target, fit_data, out=str(tmp_path / "head"), storage=str(tmp_path / "runs"), name="each",
+                 epochs=2, checkpoint_every=1, num_to_keep=1, record_rows=False)
+    summary = run_fit(cfg)
+    steps = [h["step"] for h in summary["history"]]
+    assert steps == list(range(1, summary["steps"] + 1)), steps
+    assert all(math.isfinite(h["loss"]) for h in summary["history"])
