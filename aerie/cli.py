@@ -252,6 +252,16 @@ def _pairs(values: list[str] | None, name: str) -> dict[str, str]:
     return pairs
 
 
+def _config_file(path: str | None) -> dict:
+    """The --config file's field: value mapping (empty without one)."""
+    from aerie.config_io import read_mapping
+
+    try:
+        return read_mapping(path) if path is not None else {}
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--config") from None
+
+
 @app.command()
 def bench(
     target: Annotated[str | None, typer.Option(help="Target model directory (local or s3://).")] = None,
@@ -295,16 +305,10 @@ def bench(
     box, 21 minutes on a shared one; under a minute of it starting the 8 engine actors)."""
     from pydantic import ValidationError
 
-    from aerie import storage
-    from aerie.bench.config import BenchConfig, format_errors
+    from aerie.bench.config import BenchConfig
+    from aerie.config_io import format_errors
 
-    values: dict = {}
-    if config is not None:
-        import yaml
-
-        values = yaml.safe_load(storage.read_text(config)) or {}
-        if not isinstance(values, dict):
-            raise typer.BadParameter("must hold a mapping of field: value", param_hint="--config")
+    values = _config_file(config)
     flags = dict(
         target=target, heads=_pairs(head, "--head") or None, prompts=prompts, out=out,
         concurrency=_csv(concurrency, "--concurrency"), k=_csv(k, "--k", allow_auto=True),
@@ -359,16 +363,10 @@ def serve(
     capture); blocks until Ctrl-C. With --write-config / --vllm-config: write deploy configs instead."""
     from pydantic import ValidationError
 
-    from aerie import storage
+    from aerie.config_io import format_errors
     from aerie.serving.config import ServeConfig
 
-    values: dict = {}
-    if config is not None:
-        import yaml
-
-        values = yaml.safe_load(storage.read_text(config)) or {}
-        if not isinstance(values, dict):
-            raise typer.BadParameter("must hold a mapping of field: value", param_hint="--config")
+    values = _config_file(config)
     flags = dict(
         winner=winner, target=target, method=method, head=head, tree=tree, host=host, port=port, api_key=api_key,
         name=name, model_name=model_name, max_slots=max_slots, max_len=max_len, max_waiting=max_waiting,
@@ -381,9 +379,7 @@ def serve(
     try:
         cfg = ServeConfig(**values)
     except ValidationError as e:
-        lines = [("{}: ".format(".".join(map(str, err["loc"]))) if err["loc"] else "")
-                 + err["msg"].removeprefix("Value error, ") for err in e.errors()]
-        raise typer.BadParameter("\n" + "\n".join(lines)) from None
+        raise typer.BadParameter("\n" + format_errors(e)) from None
     if write_config is None and vllm_config is None:
         from serve_apps.openai_app import run
 

@@ -39,10 +39,11 @@ from pydantic import ValidationError
 
 from aerie import storage
 from aerie.bench.config import BenchConfig
+from aerie.config_io import format_errors
 from aerie.data.ingest_config import IngestConfig
 from aerie.serving.config import ServeConfig
 from aerie.winner import Winner
-from pipelines.optimize_config import ContinuousConfig, OptimizeConfig, format_errors, load_optimize_config
+from pipelines.optimize_config import ContinuousConfig, OptimizeConfig, load_optimize_config
 from train_jobs.config import FitConfig
 
 RECORD = "optimize.json"

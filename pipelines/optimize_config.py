@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from aerie import storage
 from aerie.bench.config import BenchConfig
+from aerie.config_io import read_mapping
 from aerie.data.ingest_config import IngestConfig
 from aerie.serving.config import ServeConfig
 from train_jobs.config import FitConfig
@@ -115,21 +116,6 @@ class OptimizeConfig(BaseModel):
 
 def load_optimize_config(path: str | None = None, **overrides: Any) -> OptimizeConfig:
     """A YAML file (local or s3://) and flag overrides (not None) -> the validated config."""
-    import yaml
-
-    values: dict[str, Any] = {}
-    if path:
-        values = yaml.safe_load(storage.read_text(path)) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"config: {path} must hold a mapping of field: value")
+    values = read_mapping(path) if path else {}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return OptimizeConfig.model_validate(values)
-
-
-def format_errors(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        name = ".".join(str(p) for p in item["loc"]) or "config"
-        message = str(item["msg"]).removeprefix("Value error, ")
-        lines.append(message if name == "config" else f"{name}: {message}")
-    return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 HeadMethod = Literal["eagle3", "peagle", "eagle"]
 KValue = int | Literal["auto"]
@@ -166,13 +166,3 @@ def _check_ks(ks: list[KValue]) -> list[KValue]:
     if len(set(ks)) != len(ks):
         raise ValueError("K values must be distinct")
     return ks
-
-
-def format_errors(error: ValidationError) -> str:
-    """One line per problem, named by field: ``concurrency: every concurrency must be >= 1``."""
-    lines = []
-    for item in error.errors():
-        name = ".".join(str(p) for p in item["loc"]) or "config"
-        message = str(item["msg"]).removeprefix("Value error, ")
-        lines.append(message if name == "config" else f"{name}: {message}")
-    return "\n".join(lines)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from aerie.bench.config import BenchConfig, format_errors
+from aerie.bench.config import BenchConfig
+from aerie.config_io import format_errors
 
 BASE = {"target": "t", "prompts": "p", "out": "o"}
 
