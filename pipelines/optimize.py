@@ -306,11 +306,11 @@ def run_loop(cfg: OptimizeConfig) -> list[dict[str, Any]]:
     while continuous.max_cycles is None or cycle < continuous.max_cycles:
         serving = _serving_record(continuous)
         seen = serving.get("captured_at_start", 0)
-        while captured_records(serving) - seen < continuous.every_records:
+        while (new := captured_records(serving) - seen) < continuous.every_records:
             time.sleep(continuous.poll_seconds)
         cycle += 1
         name = f"{cfg.name}-{cycle}"
-        _log(f"cycle {cycle}: {captured_records(serving) - seen} new records, run {name}")
+        _log(f"cycle {cycle}: {new} new records, run {name}")
         run = cfg.model_copy(update={"name": name, "continuous": continuous})
         records.append(run_optimize(run))
         continuous = continuous.model_copy(update={"previous_run": run.root})
