@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aerie.engine.adaptive import AdaptivePolicy
+from aerie.engine.adaptive import AdaptivePolicy, FixedK
 from aerie.engine.cache import slot_cache
 from aerie.engine.detokenizer import TextStream
 from aerie.engine.layout import BlockLayout, pad_rows
@@ -85,7 +85,7 @@ class Engine:
         target: Target,
         config: EngineConfig | None = None,
         proposer: Proposer | None = None,
-        policy: AdaptivePolicy | None = None,
+        policy: AdaptivePolicy | FixedK | None = None,
     ) -> None:
         self.target = target
         self.policy = policy
@@ -230,8 +230,11 @@ class Engine:
         return outputs
 
     def draft_length(self, rows: list[Request]) -> int:
-        """K for this step: the policy's choice for this many decoding rows, else the proposer's."""
-        return self.policy.choose(len(rows)) if self.policy is not None else self.proposer.k
+        """K for this step: the policy's choice for this many decoding rows of this mean context, else
+        the proposer's."""
+        if self.policy is None:
+            return self.proposer.k
+        return self.policy.choose(len(rows), sum(r.length for r in rows) // len(rows))
 
     def _decode(self, rows: list[Request]) -> list[RequestOutput]:
         """Draft, verify all rows in one target forward, keep each row's accepted path + one token."""

@@ -138,9 +138,15 @@ class HeadProposer(Proposer):
         return tokens, features, prefix
 
     def _forward_blocks(
-        self, rows: list[Request], tokens: list[list[int]], features: list[torch.Tensor], prefix: list[int]
+        self,
+        rows: list[Request],
+        tokens: list[list[int]],
+        features: list[torch.Tensor],
+        prefix: list[int],
+        logits_at: torch.Tensor,
     ) -> HeadOutput:
-        """One head forward over a block of new positions per row (target features as input)."""
+        """One head forward over a block of new positions per row (target features as input), with
+        logits at the block positions `logits_at` [B, n] only."""
         layout = BlockLayout.build(
             prefix, [len(t) for t in tokens], self.cache.scratch, self.device, position_offset=1
         )
@@ -152,6 +158,7 @@ class HeadProposer(Proposer):
             features=pad_sequence(features, batch_first=True),
             attention_mask=layout.mask(),
             cache=self.cache,
+            logits_at=logits_at,
         )
 
     def _chain_step(
@@ -193,6 +200,11 @@ def last_valid(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     return values[torch.arange(values.shape[0], device=values.device), index]
 
 
+def last_positions(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """[B, 1]: each row's last real position in a block, as `logits_at`."""
+    return torch.tensor(lengths, device=device)[:, None] - 1
+
+
 class Eagle3Proposer(HeadProposer):
     """K sequential head steps batched over slots; each feeds its output hidden state to the next.
     Any head drafts a chain this way (EAGLE-3's, or EAGLE's: `name` is the head's method)."""
@@ -204,10 +216,10 @@ class Eagle3Proposer(HeadProposer):
     @torch.inference_mode()
     def propose(self, rows: list[Request], k: int) -> Draft:
         tokens, features, prefix = self._catch_up_inputs(rows)
-        out = self._forward_blocks(rows, tokens, features, prefix)
         lengths = [len(t) for t in tokens]
+        out = self._forward_blocks(rows, tokens, features, prefix, last_positions(lengths, self.device))
         hidden = last_valid(out.hidden, lengths)[:, None]
-        chosen, probs = self._choose(rows, last_valid(out.logits, lengths)[:, None])
+        chosen, probs = self._choose(rows, out.logits)
         drafts, draft_probs = [chosen], [probs]
         if k > 1:
             slot_ids = [r.slot for r in rows]
@@ -243,8 +255,7 @@ class PEagleProposer(HeadProposer):
         mask_feature = self.head.mask_hidden.to(features[0].dtype).expand(placeholders, -1)
         tokens = [t + [self.head.mask_token_id] * placeholders for t in tokens]
         features = [torch.cat([f, mask_feature]) for f in features]
-        out = self._forward_blocks(rows, tokens, features, prefix)
         index = torch.tensor(real, device=self.device)[:, None] - 1 + torch.arange(k, device=self.device)
-        logits = out.logits.gather(1, index[..., None].expand(-1, -1, out.logits.shape[-1]))
-        chosen, probs = self._choose(rows, logits)
+        out = self._forward_blocks(rows, tokens, features, prefix, index)
+        chosen, probs = self._choose(rows, out.logits)
         return Draft(tokens=chosen, probs=probs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from aerie.engine.masks import build_attention_mask
-from aerie.engine.proposers import Draft, HeadProposer, last_valid
+from aerie.engine.proposers import Draft, HeadProposer, last_positions, last_valid
 from aerie.engine.request import Request
 from aerie.heads import DraftHead
 
@@ -42,10 +42,10 @@ class TreeProposer(HeadProposer):
     @torch.inference_mode()
     def propose(self, rows: list[Request], k: int) -> Draft:
         tokens, features, prefix = self._catch_up_inputs(rows)
-        out = self._forward_blocks(rows, tokens, features, prefix)
         lengths = [len(t) for t in tokens]
+        out = self._forward_blocks(rows, tokens, features, prefix, last_positions(lengths, self.device))
         batch, top_k, device = len(rows), self.top_k, self.device
-        scores, beam_draft_ids = torch.log_softmax(last_valid(out.logits, lengths).float(), -1).topk(top_k)
+        scores, beam_draft_ids = torch.log_softmax(out.logits[:, 0].float(), -1).topk(top_k)
         beam_tokens = self.head.draft_to_target(beam_draft_ids)
         beam_hidden = last_valid(out.hidden, lengths)[:, None].expand(-1, top_k, -1)
         beam_ids = torch.arange(top_k, device=device).expand(batch, -1)

@@ -110,6 +110,13 @@ class DraftHead(nn.Module):
         check_span(self.config, positions, where)
 
     @staticmethod
+    def _at(h: torch.Tensor, logits_at: torch.Tensor | None) -> torch.Tensor:
+        """`h` [B, q, H] at the positions `logits_at` [B, n] (all of them when None): drafting reads
+        the logits of a row's last position only, so the vocabulary projection of a catch-up block
+        is spent on that position alone."""
+        return h if logits_at is None else h.gather(1, logits_at[..., None].expand(-1, -1, h.shape[-1]))
+
+    @staticmethod
     def _one_of(features: torch.Tensor | None, hidden: torch.Tensor | None) -> None:
         if (features is None) == (hidden is None):
             raise ValueError("give exactly one of `features` (target features) or `hidden` (head output)")

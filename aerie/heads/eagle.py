@@ -43,6 +43,7 @@ class EagleHead(DraftHead):
         hidden: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         cache=None,
+        logits_at: torch.Tensor | None = None,
     ) -> HeadOutput:
         self._one_of(features, hidden)
         feature = (features if features is not None else hidden).to(self.fc.weight.dtype)
@@ -51,7 +52,7 @@ class EagleHead(DraftHead):
         cos, sin = self._rope(position_ids, h.dtype)
         for index, layer in enumerate(self.layers):
             h = layer(h, cos, sin, attention_mask, cache, index)
-        return HeadOutput(hidden=h, logits=self.lm_head(h))
+        return HeadOutput(hidden=h, logits=self.lm_head(self._at(h, logits_at)))
 
     @torch.no_grad()
     def load_target_weights(self, target) -> None:

@@ -87,6 +87,7 @@ class Eagle3Head(DraftHead):
         hidden: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         cache=None,
+        logits_at: torch.Tensor | None = None,
     ) -> HeadOutput:
         self._one_of(features, hidden)
         h = self.project(features) if features is not None else hidden.to(self.fc.weight.dtype)
@@ -96,8 +97,8 @@ class Eagle3Head(DraftHead):
             h = layer(h, cos, sin, attention_mask, cache, index, embeds=embeds if index == 0 else None)
         if self.config.norm_output:
             h = self.norm(h)
-            return HeadOutput(hidden=h, logits=self.lm_head(h))
-        return HeadOutput(hidden=h, logits=self.lm_head(self.norm(h)))
+            return HeadOutput(hidden=h, logits=self.lm_head(self._at(h, logits_at)))
+        return HeadOutput(hidden=h, logits=self.lm_head(self.norm(self._at(h, logits_at))))
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         state = dict(self.state_dict())

@@ -14,22 +14,28 @@ DEPTHS = [1, 2, 3, 4, 5]
 ROWS = [1, 2, 4, 8, 16, 32]
 
 
+CONTEXT = 100
+
+
 def costs(verify_per_token: float, draft_per_step: float, base: float = 10.0, per_row: float = 1.0) -> StepCosts:
-    """A target forward of `tokens` per row over `rows` rows costs base + rows x per_row x (1 + tokens x
-    verify_per_token) ms; drafting K costs K x draft_per_step x (1 + rows / 8) ms."""
-    verify = {(r, t): base + r * per_row * (1 + t * verify_per_token) for r in ROWS for t in range(1, 7)}
-    draft = {(r, k): k * draft_per_step * (1 + r / 8) for r in ROWS for k in DEPTHS}
-    return StepCosts(ROWS, verify, draft)
+    """A step drafting K over `rows` rows costs base + rows x per_row x (1 + (K + 1) x verify_per_token)
+    ms for the target forward, plus K x draft_per_step x (1 + rows / 8) ms of drafting (0 at K = 0)."""
+    seconds = {
+        (r, CONTEXT, k): base + r * per_row * (1 + (k + 1) * verify_per_token) + k * draft_per_step * (1 + r / 8)
+        for r in ROWS
+        for k in [0, *DEPTHS]
+    }
+    return StepCosts(ROWS, [CONTEXT], seconds)
 
 
 def policy(step_costs: StepCosts, rate: float, **options) -> AdaptivePolicy:
     chain = [rate ** (d + 1) for d in range(len(DEPTHS))]
     acceptance = Acceptance.seeded(len(DEPTHS), chain, weight=1e6)  # a prior this heavy never moves
-    return AdaptivePolicy(DEPTHS, {0: 1} | {k: k + 1 for k in DEPTHS}, step_costs, acceptance, **options)
+    return AdaptivePolicy(DEPTHS, step_costs, acceptance, **options)
 
 
 def best_by_hand(p: AdaptivePolicy, rows: int) -> int:
-    scores = {k: rows * p.acceptance.expected_tokens(k) / p.costs.step(rows, k, k + 1) for k in [0, *DEPTHS]}
+    scores = {k: rows * p.acceptance.expected_tokens(k) / p.costs.step(rows, k, CONTEXT) for k in [0, *DEPTHS]}
     best = max(scores, key=scores.get)
     return best if scores[best] >= scores[0] * (1 + p.margin) else 0
 
@@ -45,16 +51,16 @@ def test_expected_tokens_follow_the_chain_rates():
 
 def test_expensive_verification_or_low_acceptance_turns_speculation_off():
     expensive = policy(costs(verify_per_token=4.0, draft_per_step=0.5, base=0.0), rate=0.8)
-    assert all(expensive.choose(rows) == 0 for rows in ROWS)
+    assert all(expensive.choose(rows, CONTEXT) == 0 for rows in ROWS)
     hopeless = policy(costs(verify_per_token=0.05, draft_per_step=0.5), rate=0.05)
-    assert all(hopeless.choose(rows) == 0 for rows in ROWS)
+    assert all(hopeless.choose(rows, CONTEXT) == 0 for rows in ROWS)
 
 
 def test_picks_the_k_the_model_says_is_best_at_each_load():
     chosen = {}
     for rows in ROWS:
         p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8)
-        chosen[rows] = p.choose(rows)
+        chosen[rows] = p.choose(rows, CONTEXT)
         assert chosen[rows] == best_by_hand(p, rows)
     assert chosen[1] >= 3 and chosen[32] < chosen[1], chosen  # deep drafts at low load, fewer at high load
 
@@ -62,24 +68,30 @@ def test_picks_the_k_the_model_says_is_best_at_each_load():
 def test_constant_load_does_not_oscillate():
     p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, probe_every=10**9)
     for rows in ROWS:
-        picks = [p.choose(rows) for _ in range(50)]
+        picks = [p.choose(rows, CONTEXT) for _ in range(50)]
         assert len(set(picks[1:])) == 1, (rows, picks)
 
 
 def test_off_probes_now_and_then_and_live_acceptance_turns_it_back_on():
-    p = policy(costs(verify_per_token=0.05, draft_per_step=0.2), rate=0.05, probe_every=8)
+    p = policy(costs(verify_per_token=0.05, draft_per_step=0.2), rate=0.05, probe_every=8, max_probe_every=64,
+               confident_drafts=2)
     p.acceptance = Acceptance.seeded(len(DEPTHS), [0.05**d for d in range(1, 6)], weight=20)
-    picks = [p.choose(1) for _ in range(16)]
-    assert picks.count(0) == 14 and all(k > 0 for k in picks[7::8])
+    probes = []
+    for step in range(200):
+        if k := p.choose(1, CONTEXT):
+            probes.append(step)
+            p.observe([k], [0])  # the probe confirms: nothing accepted
+    # every 8 steps until 2 live drafts outweigh the seed, then twice as long each time, up to 64
+    assert probes == [7, 15, 23, 39, 71, 135, 199]
     for _ in range(200):  # the head turns out to be good: every draft fully accepted
         p.observe([5], [5])
-    assert p.choose(1) > 0
+    assert p.choose(1, CONTEXT) > 0
 
 
 def test_no_probes_where_even_a_perfect_draft_could_not_pay():
     p = policy(costs(verify_per_token=4.0, draft_per_step=20.0, base=0.0), rate=0.8, probe_every=4)
-    assert not any(p.could_pay(rows) for rows in ROWS)
-    assert all(p.choose(rows) == 0 for rows in ROWS for _ in range(40))
+    assert not any(p.could_pay(rows, CONTEXT) for rows in ROWS)
+    assert all(p.choose(rows, CONTEXT) == 0 for rows in ROWS for _ in range(40))
 
 
 @pytest.mark.parametrize(("method", "tree"), [("ngram", False), ("eagle3", False), ("peagle", False), ("eagle3", True)])
