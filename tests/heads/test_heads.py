@@ -48,6 +48,21 @@ def inputs(target, head, batch=2, q=7, seed=0):
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_logits_at_selects_positions_without_changing_them(target, method):
+    """Drafting reads a catch-up block's logits at one position per row (P-EAGLE: K of them); the
+    head projects only those onto its vocabulary, and they equal the full forward's."""
+    head = make_head(target, method)
+    ids, pos, feats = inputs(target, head)
+    full = head(ids, pos, features=feats)
+    at = torch.tensor([[6], [2]])
+    picked = head(ids, pos, features=feats, logits_at=at)
+    vocab = full.logits.shape[-1]
+    assert picked.logits.shape == (2, 1, vocab)
+    torch.testing.assert_close(picked.logits, full.logits.gather(1, at[..., None].expand(-1, -1, vocab)))
+    torch.testing.assert_close(picked.hidden, full.hidden)
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_shapes_and_api(target, method):
     head = make_head(target, method)
     assert head.method == method
