@@ -70,8 +70,9 @@ class Acceptance:
         self.reached = [c * keep for c in self.reached]
         self.accepted = [c * keep for c in self.accepted]
         self.offered = self.offered * keep + len(drafted)
-        self.drafted = self.drafted * keep + sum(1 for n in drafted if n)
-        self.observed += sum(1 for n in drafted if n)
+        rows_drafted = sum(1 for n in drafted if n)
+        self.drafted = self.drafted * keep + rows_drafted
+        self.observed += rows_drafted
         for n, a in zip(drafted, accepted, strict=True):
             for position in range(min(n, a + 1)):
                 self.reached[position] += 1
@@ -197,7 +198,6 @@ class FixedK:
 
 
 # ---- calibration ----------------------------------------------------------------------------------
-
 
 
 TIMED_ROUNDS = 6

@@ -30,7 +30,7 @@ from aerie.engine.layout import BlockLayout, pad_rows
 from aerie.engine.request import Request
 from aerie.engine.sampling import adjusted_probs, draw_uniforms, request_settings, sample_from
 from aerie.heads import DraftHead, PEagleHead
-from aerie.heads.base import HeadOutput
+from aerie.heads.base import HeadOutput, at_positions
 from aerie.target.model import FeatureKind
 
 
@@ -194,12 +194,6 @@ class HeadProposer(Proposer):
         return self.head.draft_to_target(draft_ids), target_probs
 
 
-def last_valid(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """values [B, q, ...] -> the entry at each row's last real position [B, ...]."""
-    index = torch.tensor(lengths, device=values.device) - 1
-    return values[torch.arange(values.shape[0], device=values.device), index]
-
-
 def last_positions(lengths: list[int], device: torch.device) -> torch.Tensor:
     """[B, 1]: each row's last real position in a block, as `logits_at`."""
     return torch.tensor(lengths, device=device)[:, None] - 1
@@ -217,8 +211,9 @@ class Eagle3Proposer(HeadProposer):
     def propose(self, rows: list[Request], k: int) -> Draft:
         tokens, features, prefix = self._catch_up_inputs(rows)
         lengths = [len(t) for t in tokens]
-        out = self._forward_blocks(rows, tokens, features, prefix, last_positions(lengths, self.device))
-        hidden = last_valid(out.hidden, lengths)[:, None]
+        last = last_positions(lengths, self.device)
+        out = self._forward_blocks(rows, tokens, features, prefix, last)
+        hidden = at_positions(out.hidden, last)
         chosen, probs = self._choose(rows, out.logits)
         drafts, draft_probs = [chosen], [probs]
         if k > 1:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 
 from aerie.engine.masks import build_attention_mask
-from aerie.engine.proposers import Draft, HeadProposer, last_positions, last_valid
+from aerie.engine.proposers import Draft, HeadProposer, last_positions
 from aerie.engine.request import Request
 from aerie.heads import DraftHead
+from aerie.heads.base import at_positions
 
 
 class TreeProposer(HeadProposer):
@@ -43,11 +44,12 @@ class TreeProposer(HeadProposer):
     def propose(self, rows: list[Request], k: int) -> Draft:
         tokens, features, prefix = self._catch_up_inputs(rows)
         lengths = [len(t) for t in tokens]
-        out = self._forward_blocks(rows, tokens, features, prefix, last_positions(lengths, self.device))
+        last = last_positions(lengths, self.device)
+        out = self._forward_blocks(rows, tokens, features, prefix, last)
         batch, top_k, device = len(rows), self.top_k, self.device
         scores, beam_draft_ids = torch.log_softmax(out.logits[:, 0].float(), -1).topk(top_k)
         beam_tokens = self.head.draft_to_target(beam_draft_ids)
-        beam_hidden = last_valid(out.hidden, lengths)[:, None].expand(-1, top_k, -1)
+        beam_hidden = at_positions(out.hidden, last).expand(-1, top_k, -1)
         beam_ids = torch.arange(top_k, device=device).expand(batch, -1)
         pool_tokens, pool_scores = [beam_tokens], [scores]
         pool_parents = [torch.full((batch, top_k), -1, dtype=torch.long, device=device)]

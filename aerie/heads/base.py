@@ -35,6 +35,11 @@ def check_span(config: HeadConfig, positions: int, where: str) -> None:
         )
 
 
+def at_positions(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """values [B, q, H] -> values [B, n, H] at each row's `positions` [B, n]."""
+    return values.gather(1, positions[..., None].expand(-1, -1, values.shape[-1]))
+
+
 @dataclass
 class HeadOutput:
     hidden: torch.Tensor
@@ -111,10 +116,10 @@ class DraftHead(nn.Module):
 
     @staticmethod
     def _at(h: torch.Tensor, logits_at: torch.Tensor | None) -> torch.Tensor:
-        """`h` [B, q, H] at the positions `logits_at` [B, n] (all of them when None): drafting reads
-        the logits of a row's last position only, so the vocabulary projection of a catch-up block
-        is spent on that position alone."""
-        return h if logits_at is None else h.gather(1, logits_at[..., None].expand(-1, -1, h.shape[-1]))
+        """`h` at the positions `logits_at` (all of them when None): drafting reads the logits of a
+        row's last position only, so the vocabulary projection of a catch-up block is spent on that
+        position alone."""
+        return h if logits_at is None else at_positions(h, logits_at)
 
     @staticmethod
     def _one_of(features: torch.Tensor | None, hidden: torch.Tensor | None) -> None:
