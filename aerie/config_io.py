@@ -11,12 +11,17 @@ from aerie import storage
 
 
 def read_mapping(path: str) -> dict[str, Any]:
-    """The YAML (or JSON) mapping of field: value in `path`; ValueError when it holds anything else."""
+    """The YAML (or JSON) mapping of field: value in `path`; ValueError when the file is missing or
+    holds anything else."""
     import yaml
 
-    values = yaml.safe_load(storage.read_text(path)) or {}
+    try:
+        text = storage.read_text(path)
+    except FileNotFoundError:
+        raise ValueError(f"config: file not found: {path}") from None
+    values = yaml.safe_load(text) or {}
     if not isinstance(values, dict):
-        raise ValueError(f"config: {path} must hold a mapping of field: value")
+        raise ValueError(f"config: {path} must hold a mapping of field: value, not {type(values).__name__}")
     return values
 
 

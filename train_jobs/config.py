@@ -220,18 +220,13 @@ def format_errors(err: ValidationError) -> str:
 
 
 def read_config_file(path: str) -> dict[str, Any]:
-    """A YAML (or JSON) mapping from a local path or s3:// URI."""
-    import yaml
-
-    from aerie import storage
+    """A YAML (or JSON) mapping from a local path or s3:// URI; keys may be spelled like flags."""
+    from aerie.config_io import read_mapping
 
     try:
-        text = storage.read_text(path)
-    except FileNotFoundError:
-        raise ConfigError(f"config: file not found: {path}") from None
-    data = yaml.safe_load(text) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config: {path} must hold a mapping of field: value, not {type(data).__name__}")
+        data = read_mapping(path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
