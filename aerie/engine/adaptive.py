@@ -12,6 +12,9 @@ overhead is what speculation amortises, so leaving it out undervalues drafting),
 calibration when the engine starts (`calibrate`: real engine steps over a grid of batch sizes, draft
 lengths and two context lengths, cached per target, head and device); acceptance comes from
 exponentially decayed live counters, seeded with the head's own evaluation when its file has one.
+Calibration runs on an idle engine; under real load (an HTTP server's threads, a busy host) steps
+cost more, and not by the same factor for every K, so each prediction is scaled by what live steps
+of that kind (K = 0, drafting) cost against their calibration at that batch size (`LiveCosts`).
 
 K = 0 unless the best K's predicted gain beats K = 0 by `margin`; the current K is kept unless
 another beats it by `hysteresis`, so a constant load does not flip K every step. K = 0 is the
@@ -29,7 +32,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -124,6 +130,48 @@ class StepCosts:
         return cls(data["rows"], data["contexts"], {(r, c, k): v for r, c, k, v in data["seconds"]})
 
 
+class LiveCosts:
+    """Measured / calibrated seconds of live decode steps, per batch size (the nearest calibration
+    grid point) and kind of step (K = 0 or drafting): the median of the last `window` ratios,
+    while the latest is at most `fresh_steps` decode steps old. A kind with no fresh ratio takes
+    the other kind's (load slows both alike until measured otherwise), else 1, so a stale verdict
+    against drafting expires and is measured again. A drafting step right after a K = 0 step is
+    not counted: it also catches the head up on the tokens since its last draft, a cost of
+    switching rather than of drafting."""
+
+    def __init__(self, grid: list[int], window: int = 16, fresh_steps: int = 256) -> None:
+        self.grid = grid
+        self.window = window
+        self.fresh_steps = fresh_steps
+        self.clock = 0
+        self._ratios: dict[tuple[int, bool], deque[float]] = {}
+        self._seen: dict[tuple[int, bool], int] = {}
+
+    def bucket(self, rows: int) -> int:
+        return min(self.grid, key=lambda point: abs(math.log(point / rows)))
+
+    def record(self, rows: int, drafting: bool, ratio: float) -> None:
+        key = (self.bucket(rows), drafting)
+        if not self.is_fresh(rows, drafting):
+            self._ratios[key] = deque(maxlen=self.window)
+        self._ratios[key].append(ratio)
+        self._seen[key] = self.clock
+
+    def age(self, rows: int, drafting: bool) -> float:
+        """Decode steps since the last ratio of this kind at this batch size (inf: never)."""
+        seen = self._seen.get((self.bucket(rows), drafting))
+        return math.inf if seen is None else self.clock - seen
+
+    def is_fresh(self, rows: int, drafting: bool) -> bool:
+        return self.age(rows, drafting) <= self.fresh_steps
+
+    def ratio(self, rows: int, drafting: bool) -> float:
+        for kind in (drafting, not drafting):
+            if self.is_fresh(rows, kind):
+                return statistics.median(self._ratios[self.bucket(rows), kind])
+        return 1.0
+
+
 class AdaptivePolicy:
     def __init__(
         self,
@@ -135,6 +183,7 @@ class AdaptivePolicy:
         probe_every: int = 32,
         max_probe_every: int = 512,
         confident_drafts: int = 64,
+        refresh_every: int = 64,
     ) -> None:
         self.depths = depths
         self.costs = costs
@@ -144,14 +193,21 @@ class AdaptivePolicy:
         self.probe_every = probe_every
         self.max_probe_every = max_probe_every
         self.confident_drafts = confident_drafts
+        self.refresh_every = refresh_every
+        self.live = LiveCosts(costs.rows)
         self.current = 0
         self.calibration_seconds = 0.0
+        self._last_k = 0
         self._off_steps = 0
         self._probe_interval = probe_every
 
+    def step_seconds(self, rows: int, k: int, context: int) -> float:
+        """Predicted seconds of a step drafting `k`: the calibration, scaled to live steps."""
+        return self.costs.step(rows, k, context) * self.live.ratio(rows, k > 0)
+
     def goodput(self, rows: int, k: int, context: int) -> float:
         """Predicted tokens per second of a step drafting `k` for `rows` rows of `context` tokens."""
-        return rows * self.acceptance.expected_tokens(k) / self.costs.step(rows, k, context)
+        return rows * self.acceptance.expected_tokens(k) / self.step_seconds(rows, k, context)
 
     def choose(self, rows: int, context: int) -> int:
         scores = {k: self.goodput(rows, k, context) for k in [0, *self.depths]}
@@ -163,6 +219,8 @@ class AdaptivePolicy:
         self.current = best
         if best:
             self._off_steps, self._probe_interval = 0, self.probe_every
+            if self.live.is_fresh(rows, drafting=True) and self.live.age(rows, drafting=False) > self.refresh_every:
+                return 0  # one plain step, so what K = 0 costs under this load is measured, not assumed
             return best
         self._off_steps += 1
         if self._off_steps >= self._probe_interval and self.could_pay(rows, context):
@@ -176,12 +234,19 @@ class AdaptivePolicy:
         """Whether drafting could beat K = 0 at this load even if every draft token were accepted.
         Where it could not (e.g. verification too dear at a high batch size), probing only costs:
         a probe's head catch-up over every token since the last draft is the dearest step there is."""
-        baseline = 1 / self.costs.step(rows, 0, context)
-        return any((1 + k) / self.costs.step(rows, k, context) > baseline * (1 + self.margin) for k in self.depths)
+        baseline = 1 / self.step_seconds(rows, 0, context)
+        return any((1 + k) / self.step_seconds(rows, k, context) > baseline * (1 + self.margin) for k in self.depths)
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         if any(drafted):
             self.acceptance.update(drafted, accepted)
+
+    def observe_time(self, rows: int, k: int, context: int, seconds: float) -> None:
+        """The wall time of the decode step this policy chose `k` for."""
+        self.live.clock += 1
+        if not (k and not self._last_k):
+            self.live.record(rows, k > 0, seconds / self.costs.step(rows, k, context))
+        self._last_k = k
 
 
 @dataclass
@@ -194,6 +259,9 @@ class FixedK:
         return self.k
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
+        pass
+
+    def observe_time(self, rows: int, k: int, context: int, seconds: float) -> None:
         pass
 
 

@@ -18,6 +18,7 @@ the failure finishes with an error and every other request goes on.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -229,20 +230,22 @@ class Engine:
             outputs.append(self._append(request, [token]))
         return outputs
 
-    def draft_length(self, rows: list[Request]) -> int:
-        """K for this step: the policy's choice for this many decoding rows of this mean context, else
-        the proposer's."""
-        if self.policy is None:
-            return self.proposer.k
-        return self.policy.choose(len(rows), sum(r.length for r in rows) // len(rows))
-
     def _decode(self, rows: list[Request]) -> list[RequestOutput]:
-        """Draft, verify all rows in one target forward, keep each row's accepted path + one token."""
-        k = self.draft_length(rows)
+        """Draft, verify all rows in one target forward, keep each row's accepted path + one token.
+        K is the policy's for this many rows and the longest row's context (attention reads that
+        many columns for every row), else the proposer's; the policy learns what the step took
+        (the step ends reading the verdicts back, so the host clock needs no extra sync)."""
+        started = time.perf_counter()
+        context = max(r.length for r in rows)
+        k = self.proposer.k if self.policy is None else self.policy.choose(len(rows), context)
         draft = self.proposer.propose(rows, k) if k else None
         if draft is not None and draft.parents is not None:
-            return self._decode_tree(rows, draft)
-        return self._decode_chain(rows, draft if draft is not None and draft.k else None)
+            outputs = self._decode_tree(rows, draft)
+        else:
+            outputs = self._decode_chain(rows, draft if draft is not None and draft.k else None)
+        if self.policy is not None:
+            self.policy.observe_time(len(rows), k, context, time.perf_counter() - started)
+        return outputs
 
     def _decode_chain(self, rows: list[Request], draft: Draft | None) -> list[RequestOutput]:
         last = torch.tensor([[r.last_token] for r in rows], dtype=torch.long, device=self.device)

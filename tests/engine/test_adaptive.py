@@ -108,3 +108,32 @@ def test_auto_k_is_lossless_and_counts_k_per_step(llama_with_heads, method, tree
     assert sum(engine.stats.k_histogram.values()) == engine.stats.decode_steps
     assert set(engine.stats.k_histogram) <= {0, *range(1, engine.proposer.k + 1)}
     assert engine.policy.costs.rows == [1, 2, 3]
+
+
+def run_live(p: AdaptivePolicy, rows: int, steps: int, slowdown: dict[bool, float]) -> list[int]:
+    """Step the policy `steps` times; each step takes its calibrated time x `slowdown[drafting]`."""
+    picks = []
+    for _ in range(steps):
+        k = p.choose(rows, CONTEXT)
+        p.observe_time(rows, k, CONTEXT, p.costs.step(rows, k, CONTEXT) * slowdown[k > 0])
+        picks.append(k)
+    return picks
+
+
+def test_live_steps_dearer_than_calibrated_turn_speculation_off_until_measured_again():
+    p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, probe_every=10**9)
+    assert p.choose(4, CONTEXT) > 0  # calibration says drafting pays at 4 rows
+    picks = run_live(p, 4, 40, {False: 1.0, True: 3.0})  # but under this load drafting steps cost 3x
+    assert picks[-20:] == [0] * 20
+    # once the verdict against drafting is stale it is measured again, and drafting is back if it pays
+    picks = run_live(p, 4, p.live.fresh_steps + 40, {False: 1.0, True: 1.0})
+    assert picks[-1] > 0
+
+
+def test_while_drafting_a_plain_step_now_and_then_measures_the_baseline():
+    p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, refresh_every=16)
+    picks = run_live(p, 1, 100, {False: 1.0, True: 1.0})
+    plain = [i for i, k in enumerate(picks) if k == 0]
+    gaps = {b - a for a, b in zip(plain, plain[1:])}
+    assert len(plain) >= 5 and gaps == {16 + 2}, plain  # after a catch-up step, 16 timed drafting steps
+    assert len(set(picks) - {0}) == 1
