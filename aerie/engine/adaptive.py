@@ -135,9 +135,7 @@ class LiveCosts:
     grid point) and kind of step (K = 0 or drafting): the median of the last `window` ratios,
     while the latest is at most `fresh_steps` decode steps old. A kind with no fresh ratio takes
     the other kind's (load slows both alike until measured otherwise), else 1, so a stale verdict
-    against drafting expires and is measured again. A drafting step right after a K = 0 step is
-    not counted: it also catches the head up on the tokens since its last draft, a cost of
-    switching rather than of drafting."""
+    against drafting expires and is measured again."""
 
     def __init__(self, grid: list[int], window: int = 16, fresh_steps: int = 256) -> None:
         self.grid = grid
@@ -184,6 +182,7 @@ class AdaptivePolicy:
         max_probe_every: int = 512,
         confident_drafts: int = 64,
         refresh_every: int = 64,
+        horizon: int = 16,
     ) -> None:
         self.depths = depths
         self.costs = costs
@@ -194,10 +193,11 @@ class AdaptivePolicy:
         self.max_probe_every = max_probe_every
         self.confident_drafts = confident_drafts
         self.refresh_every = refresh_every
+        self.horizon = horizon
         self.live = LiveCosts(costs.rows)
+        self.catch_up_seconds: deque[float] = deque(maxlen=16)
         self.current = 0
         self.calibration_seconds = 0.0
-        self._last_k = 0
         self._off_steps = 0
         self._probe_interval = probe_every
 
@@ -205,12 +205,32 @@ class AdaptivePolicy:
         """Predicted seconds of a step drafting `k`: the calibration, scaled to live steps."""
         return self.costs.step(rows, k, context) * self.live.ratio(rows, k > 0)
 
-    def goodput(self, rows: int, k: int, context: int) -> float:
-        """Predicted tokens per second of a step drafting `k` for `rows` rows of `context` tokens."""
-        return rows * self.acceptance.expected_tokens(k) / self.step_seconds(rows, k, context)
+    def extra_catch_up(self, catch_up: int) -> int:
+        """Columns of a catch-up beyond a steady drafting step's (the last draft's accepted tokens
+        and one more); 0 unless the head is that far behind (speculation was off, or rows are new:
+        the head catches up on their whole prompt)."""
+        steady = self.depths[-1] + 1
+        return catch_up - steady if catch_up > 2 * steady else 0
 
-    def choose(self, rows: int, context: int) -> int:
-        scores = {k: self.goodput(rows, k, context) for k in [0, *self.depths]}
+    def switch_seconds(self, rows: int, catch_up: int) -> float:
+        """Predicted seconds of the head's catch-up beyond a steady step: live seconds per row and
+        column of past catch-ups (0 until one is measured)."""
+        extra = self.extra_catch_up(catch_up)
+        if not extra or not self.catch_up_seconds:
+            return 0.0
+        return statistics.median(self.catch_up_seconds) * rows * extra
+
+    def goodput(self, rows: int, k: int, context: int, switch: float = 0.0) -> float:
+        """Predicted tokens per second of a step drafting `k` for `rows` rows of `context` tokens;
+        a `switch` cost (the catch-up a first drafting step pays) is spread over `horizon` steps."""
+        seconds = self.step_seconds(rows, k, context) + (switch / self.horizon if k else 0.0)
+        return rows * self.acceptance.expected_tokens(k) / seconds
+
+    def choose(self, rows: int, context: int, catch_up: int = 0) -> int:
+        """K for `rows` decoding rows whose longest is `context` tokens, the head `catch_up`
+        positions behind on the row furthest behind."""
+        switch = self.switch_seconds(rows, catch_up)
+        scores = {k: self.goodput(rows, k, context, switch) for k in [0, *self.depths]}
         best = max(self.depths, key=scores.__getitem__)
         if scores[best] < scores[0] * (1 + self.margin):
             best = 0
@@ -223,30 +243,39 @@ class AdaptivePolicy:
                 return 0  # one plain step, so what K = 0 costs under this load is measured, not assumed
             return best
         self._off_steps += 1
-        if self._off_steps >= self._probe_interval and self.could_pay(rows, context):
+        if self._off_steps >= self._probe_interval and self.could_pay(rows, context, switch):
             self._off_steps = 0
             if self.acceptance.observed >= self.confident_drafts:
                 self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
             return max(self.depths, key=scores.__getitem__)
         return 0
 
-    def could_pay(self, rows: int, context: int) -> bool:
-        """Whether drafting could beat K = 0 at this load even if every draft token were accepted.
+    def could_pay(self, rows: int, context: int, switch: float = 0.0) -> bool:
+        """Whether drafting could beat K = 0 at this load even if every draft token were accepted,
+        the catch-up it starts with (`switch` seconds) spread over the steps until the next probe.
         Where it could not (e.g. verification too dear at a high batch size), probing only costs:
         a probe's head catch-up over every token since the last draft is the dearest step there is."""
         baseline = 1 / self.step_seconds(rows, 0, context)
-        return any((1 + k) / self.step_seconds(rows, k, context) > baseline * (1 + self.margin) for k in self.depths)
+        spread = switch / self._probe_interval
+        return any(
+            (1 + k) / (self.step_seconds(rows, k, context) + spread) > baseline * (1 + self.margin)
+            for k in self.depths
+        )
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         if any(drafted):
             self.acceptance.update(drafted, accepted)
 
-    def observe_time(self, rows: int, k: int, context: int, seconds: float) -> None:
-        """The wall time of the decode step this policy chose `k` for."""
+    def observe_time(self, rows: int, k: int, context: int, catch_up: int, seconds: float) -> None:
+        """The wall time of the decode step this policy chose `k` for. A drafting step with a long
+        catch-up teaches what a catch-up column costs, not what drafting does."""
         self.live.clock += 1
-        if not (k and not self._last_k):
+        extra = self.extra_catch_up(catch_up) if k else 0
+        if extra:
+            excess = max(0.0, seconds - self.step_seconds(rows, k, context))
+            self.catch_up_seconds.append(excess / (rows * extra))
+        else:
             self.live.record(rows, k > 0, seconds / self.costs.step(rows, k, context))
-        self._last_k = k
 
 
 @dataclass
@@ -255,13 +284,13 @@ class FixedK:
 
     k: int
 
-    def choose(self, rows: int, context: int) -> int:
+    def choose(self, rows: int, context: int, catch_up: int = 0) -> int:
         return self.k
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         pass
 
-    def observe_time(self, rows: int, k: int, context: int, seconds: float) -> None:
+    def observe_time(self, rows: int, k: int, context: int, catch_up: int, seconds: float) -> None:
         pass
 
 

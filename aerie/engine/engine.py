@@ -237,14 +237,15 @@ class Engine:
         (the step ends reading the verdicts back, so the host clock needs no extra sync)."""
         started = time.perf_counter()
         context = max(r.length for r in rows)
-        k = self.proposer.k if self.policy is None else self.policy.choose(len(rows), context)
+        catch_up = self.proposer.catch_up_width(rows)
+        k = self.proposer.k if self.policy is None else self.policy.choose(len(rows), context, catch_up)
         draft = self.proposer.propose(rows, k) if k else None
         if draft is not None and draft.parents is not None:
             outputs = self._decode_tree(rows, draft)
         else:
             outputs = self._decode_chain(rows, draft if draft is not None and draft.k else None)
         if self.policy is not None:
-            self.policy.observe_time(len(rows), k, context, time.perf_counter() - started)
+            self.policy.observe_time(len(rows), k, context, catch_up, time.perf_counter() - started)
         return outputs
 
     def _decode_chain(self, rows: list[Request], draft: Draft | None) -> list[RequestOutput]:

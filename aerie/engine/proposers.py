@@ -81,6 +81,10 @@ class Proposer:
     def propose(self, rows: list[Request], k: int) -> Draft:
         raise NotImplementedError(f"{type(self).__name__} drafts nothing")
 
+    def catch_up_width(self, rows: list[Request]) -> int:
+        """The most positions a row's next draft must first catch up on (0: nothing to catch up)."""
+        return 0
+
 
 
 class HeadProposer(Proposer):
@@ -121,6 +125,9 @@ class HeadProposer(Proposer):
             self._pending[slot] = []
             self._seen[slot] = caught_up
         self._pending[slot].append(features)
+
+    def catch_up_width(self, rows: list[Request]) -> int:
+        return max(request.length - self._seen[request.slot] for request in rows)
 
     def _catch_up_inputs(self, rows: list[Request]) -> tuple[list[list[int]], list[torch.Tensor], list[int]]:
         """Per row: the tokens at the positions the head has not seen, their preceding target

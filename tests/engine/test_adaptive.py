@@ -115,7 +115,7 @@ def run_live(p: AdaptivePolicy, rows: int, steps: int, slowdown: dict[bool, floa
     picks = []
     for _ in range(steps):
         k = p.choose(rows, CONTEXT)
-        p.observe_time(rows, k, CONTEXT, p.costs.step(rows, k, CONTEXT) * slowdown[k > 0])
+        p.observe_time(rows, k, CONTEXT, 1, p.costs.step(rows, k, CONTEXT) * slowdown[k > 0])
         picks.append(k)
     return picks
 
@@ -134,6 +134,18 @@ def test_while_drafting_a_plain_step_now_and_then_measures_the_baseline():
     p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, refresh_every=16)
     picks = run_live(p, 1, 100, {False: 1.0, True: 1.0})
     plain = [i for i, k in enumerate(picks) if k == 0]
-    gaps = {b - a for a, b in zip(plain, plain[1:])}
-    assert len(plain) >= 5 and gaps == {16 + 2}, plain  # after a catch-up step, 16 timed drafting steps
+    gaps = {b - a for a, b in zip(plain, plain[1:], strict=False)}
+    assert len(plain) >= 5 and gaps == {18}, plain  # a plain step once its last is more than 16 steps old
     assert len(set(picks) - {0}) == 1
+
+
+def test_a_dear_catch_up_is_priced_into_switching_speculation_on():
+    p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, probe_every=10**9)
+    far_behind = 200  # columns the head must catch up on (a long prompt, or many steps off)
+    assert p.choose(4, CONTEXT, far_behind) > 0  # no catch-up measured yet: calibration alone
+    k = p.current
+    p.observe_time(4, k, CONTEXT, far_behind, p.costs.step(4, k, CONTEXT) + 4 * p.extra_catch_up(far_behind))  # 1 ms a row and column
+    assert p.catch_up_seconds[-1] == pytest.approx(1.0)
+    p.current = 0
+    assert p.choose(4, CONTEXT, far_behind) == 0  # ~780 ms of catch-up does not pay back in 16 steps
+    assert p.choose(4, CONTEXT, 1) > 0  # a head that is not behind drafts
