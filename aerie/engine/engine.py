@@ -236,9 +236,11 @@ class Engine:
         many columns for every row), else the proposer's; the policy learns what the step took
         (the step ends reading the verdicts back, so the host clock needs no extra sync)."""
         started = time.perf_counter()
-        context = max(r.length for r in rows)
-        catch_up = self.proposer.catch_up_width(rows)
-        k = self.proposer.k if self.policy is None else self.policy.choose(len(rows), context, catch_up)
+        if self.policy is None:
+            k = self.proposer.k
+        else:
+            context, catch_up = max(r.length for r in rows), self.proposer.catch_up_width(rows)
+            k = self.policy.choose(len(rows), context, catch_up)
         draft = self.proposer.propose(rows, k) if k else None
         if draft is not None and draft.parents is not None:
             outputs = self._decode_tree(rows, draft)

@@ -86,7 +86,6 @@ class Proposer:
         return 0
 
 
-
 class HeadProposer(Proposer):
     """What the head-based proposers share: per-slot catch-up state, the head's slot cache, and
     turning draft logits into draft tokens (greedy or sampled with the request's settings)."""

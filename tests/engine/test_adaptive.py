@@ -144,7 +144,8 @@ def test_a_dear_catch_up_is_priced_into_switching_speculation_on():
     far_behind = 200  # columns the head must catch up on (a long prompt, or many steps off)
     assert p.choose(4, CONTEXT, far_behind) > 0  # no catch-up measured yet: calibration alone
     k = p.current
-    p.observe_time(4, k, CONTEXT, far_behind, p.costs.step(4, k, CONTEXT) + 4 * p.extra_catch_up(far_behind))  # 1 ms a row and column
+    catch_up_cost = 4 * p.extra_catch_up(far_behind)  # 1 ms a row and column
+    p.observe_time(4, k, CONTEXT, far_behind, p.costs.step(4, k, CONTEXT) + catch_up_cost)
     assert p.catch_up_seconds[-1] == pytest.approx(1.0)
     p.current = 0
     assert p.choose(4, CONTEXT, far_behind) == 0  # ~780 ms of catch-up does not pay back in 16 steps
