@@ -392,7 +392,7 @@ def _cache_key(engine: Engine, depths: list[int]) -> str:
         "tree": [getattr(proposer, "top_k", None), getattr(proposer, "total_tokens", None)],
         "device": torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else engine.device.type,
         "dtype": str(engine.target.dtype),
-        "engine": [engine.config.max_slots, engine.config.max_len, engine.config.prefill_chunk],
+        "engine": [engine.config.max_slots, engine.config.max_len, engine.config.prefill_tokens],
         "depths": depths,
         "threads": torch.get_num_threads(),
     }

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -56,10 +57,11 @@ TREE_ON_RECURRENT_TARGET = (
 class EngineConfig:
     max_slots: int = 8
     max_len: int = 2048
-    prefill_chunk: int = 512
+    prefill_tokens: int = 512
+    """Prompt tokens one step prefills, padding included (vLLM's max_num_batched_tokens for prompts)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_slots", "max_len", "prefill_chunk"):
+        for name in ("max_slots", "max_len", "prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -167,10 +169,10 @@ class Engine:
         self.scheduler.admit()
         self.stats.steps += 1
         decoding = self.scheduler.in_status(Status.DECODING)
-        prefilling = self.scheduler.in_status(Status.PREFILLING)
+        prefilling = self.scheduler.prefill_batch(self.config.prefill_tokens)
         outputs: list[RequestOutput] = []
         if prefilling:
-            outputs += self._isolated(self._prefill, prefilling)
+            outputs += self._isolated(partial(self._prefill, tokens=prefilling), list(prefilling))
         if decoding:
             outputs += self._isolated(self._decode, decoding)
         return outputs
@@ -191,10 +193,9 @@ class Engine:
             outputs += self._isolated(run, [row])
         return outputs
 
-    def _prefill(self, rows: list[Request]) -> list[RequestOutput]:
-        """Feed each row the next chunk of its prompt; rows whose prompt is done get a first token."""
-        chunk = self.config.prefill_chunk
-        blocks = [r.prompt_ids[r.prefilled : r.prefilled + chunk] for r in rows]
+    def _prefill(self, rows: list[Request], tokens: dict[Request, int]) -> list[RequestOutput]:
+        """Feed each row its next `tokens[row]` prompt tokens; rows whose prompt is done get a first token."""
+        blocks = [r.prompt_ids[r.prefilled : r.prefilled + tokens[r]] for r in rows]
         done = [r.prefilled + len(b) == len(r.prompt_ids) for r, b in zip(rows, blocks, strict=True)]
         width = max(map(len, blocks))
         last = torch.tensor(

@@ -10,12 +10,13 @@ forward pass.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from aerie.engine.engine import Engine
@@ -50,6 +51,7 @@ class RequestHandle:
         self._outputs: asyncio.Queue[RequestOutput | BaseException] | queue.SimpleQueue[
             RequestOutput | BaseException
         ] = asyncio.Queue() if self._event_loop is not None else queue.SimpleQueue()
+        self._error: BaseException | None = None
         self._cancel: threading.Event = threading.Event()
 
     def deliver(self, item: RequestOutput | BaseException) -> None:
@@ -73,22 +75,31 @@ class RequestHandle:
     def __iter__(self) -> Iterator[RequestOutput]:
         assert isinstance(self._outputs, queue.SimpleQueue), "created in an event loop: use `async for`"
         while True:
-            item = self._outputs.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finished:
+            output = self._merged(self._error or self._outputs.get())
+            yield output
+            if output.finished:
                 return
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         assert isinstance(self._outputs, asyncio.Queue), "created outside an event loop: use `for`"
         while True:
-            item = await self._outputs.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finished:
+            output = self._merged(self._error or await self._outputs.get())
+            yield output
+            if output.finished:
                 return
+
+    def _merged(self, item: RequestOutput | BaseException) -> RequestOutput:
+        """`item` and every output already queued behind it, as one: a caller that fell behind
+        (a busy event loop, a slow client) reads one chunk per wake-up, not one per engine step."""
+        if isinstance(item, BaseException):
+            raise item
+        while not item.finished and not self._outputs.empty():
+            later = self._outputs.get_nowait()
+            if isinstance(later, BaseException):
+                self._error = later  # raised at the next read, after what came before it
+                break
+            item = item.followed_by(later)
+        return item
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -103,8 +114,21 @@ class _Submission:
     handle: RequestHandle
     prompt: str | Sequence[int]
     params: SamplingParams
+    on_admitted: Callable[[], object] | None = None
+    """Called from the loop thread once registered (or refused): wakes an asyncio caller."""
     admitted: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+
+    def settle(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.admitted.set()
+        if self.on_admitted is not None:
+            self.on_admitted()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 @dataclass(frozen=True)
@@ -161,15 +185,25 @@ class EngineLoop:
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> RequestHandle:
         """`submit` for asyncio callers: waits for registration without blocking the event loop."""
-        handle, submission = self._enqueue(prompt, params, request_id)
+        event_loop = asyncio.get_running_loop()
+        registered = event_loop.create_future()
+        handle, submission = self._enqueue(
+            prompt, params, request_id,
+            on_admitted=lambda: event_loop.call_soon_threadsafe(_resolve, registered),
+        )
         while not submission.admitted.is_set():
             if not self.alive:
                 raise LoopDead(f"the engine loop has stopped: {self.failure!r}")
-            await asyncio.sleep(0.001)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(registered), timeout=0.5)
         return self._checked(handle, submission)
 
     def _enqueue(
-        self, prompt: str | Sequence[int], params: SamplingParams | None, request_id: str | None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None,
+        request_id: str | None,
+        on_admitted: Callable[[], object] | None = None,
     ) -> tuple[RequestHandle, _Submission]:
         if not self.alive:
             raise LoopDead(f"the engine loop has stopped: {self.failure!r}")
@@ -178,7 +212,7 @@ class EngineLoop:
                 raise QueueFull(f"{self.max_waiting} requests are already waiting for a slot")
             self._pending += 1
         handle = RequestHandle(request_id or f"req-{next(self._ids)}-{time.time_ns():x}")
-        submission = _Submission(handle, prompt, params or SamplingParams())
+        submission = _Submission(handle, prompt, params or SamplingParams(), on_admitted)
         self._inbox.put(submission)
         self._wake.set()
         return handle, submission
@@ -237,18 +271,19 @@ class EngineLoop:
             except queue.Empty:
                 return
             handle = submission.handle
+            error: ValueError | None = None
             try:
                 self.engine.add_request(submission.prompt, submission.params, handle.request_id)
                 request = self.engine.requests[handle.request_id]
                 handle.prompt_tokens = len(request.prompt_ids)
                 handle.spec = request.spec
                 self._handles[handle.request_id] = handle
-            except ValueError as error:
-                submission.error = error
+            except ValueError as refused:
+                error = refused
             finally:
                 with self._pending_lock:
                     self._pending -= 1
-                submission.admitted.set()
+                submission.settle(error)
 
     def _fail_inbox(self, error: BaseException) -> None:
         while True:
@@ -256,8 +291,7 @@ class EngineLoop:
                 submission = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            submission.error = LoopDead(f"the engine loop died: {error!r}")
-            submission.admitted.set()
+            submission.settle(LoopDead(f"the engine loop died: {error!r}"))
 
     def _cancel_abandoned(self) -> None:
         for request_id in [rid for rid, handle in self._handles.items() if handle.cancelled]:

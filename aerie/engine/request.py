@@ -111,3 +111,10 @@ class RequestOutput:
     finish_reason: str | None = None
     """"stop", "length", "abort", or "error" (then `error` says why; other requests go on)."""
     error: str | None = None
+
+    def followed_by(self, later: RequestOutput) -> RequestOutput:
+        """This output and the request's next one, as one."""
+        return RequestOutput(
+            self.request_id, self.new_token_ids + later.new_token_ids, self.new_text + later.new_text,
+            later.finished, later.finish_reason, later.error,
+        )

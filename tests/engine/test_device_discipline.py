@@ -20,7 +20,7 @@ from aerie.engine.build import build_engine
 from aerie.heads.fit import Example, TrainConfig, compute_loss, evaluate, prepare_examples
 
 VARIANTS = [("none", False), ("ngram", False), ("eagle3", False), ("peagle", False), ("eagle", True), ("eagle3", True)]
-CONFIG = EngineConfig(max_slots=3, max_len=96, prefill_chunk=16)
+CONFIG = EngineConfig(max_slots=3, max_len=96, prefill_tokens=16)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ def arch_model(request):
 def test_batched_chunked_greedy_matches_hf(arch_model):
     """Fewer slots than prompts (requests join as others leave) and chunked prefill."""
     model, prompts, expected = arch_model
-    engine = Engine(Target(model), EngineConfig(max_slots=3, max_len=128, prefill_chunk=8))
+    engine = Engine(Target(model), EngineConfig(max_slots=3, max_len=128, prefill_tokens=8))
     results = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))
     assert [r.token_ids for r in results] == expected
     assert all(r.finish_reason == "length" for r in results)
@@ -31,7 +31,7 @@ def test_batched_chunked_greedy_matches_hf(arch_model):
 def test_requests_joining_mid_flight_match_hf(arch_model):
     """Requests added while others are decoding, with different max_tokens, leave at different steps."""
     model, prompts, expected = arch_model
-    engine = Engine(Target(model), EngineConfig(max_slots=4, max_len=128, prefill_chunk=16))
+    engine = Engine(Target(model), EngineConfig(max_slots=4, max_len=128, prefill_tokens=16))
     budgets = [NEW_TOKENS - 2 * (i % 3) for i in range(len(prompts))]
     produced: dict[str, list[int]] = {}
     order = []

@@ -8,7 +8,8 @@ import pytest
 from random_models import hf_greedy, random_model, random_prompts
 
 from aerie.engine import Engine, EngineConfig, SamplingParams
-from aerie.engine.loop import EngineLoop, LoopDead, QueueFull
+from aerie.engine.loop import EngineLoop, LoopDead, QueueFull, RequestHandle
+from aerie.engine.request import RequestOutput
 from aerie.target import Target
 
 
@@ -36,6 +37,22 @@ def test_concurrent_async_callers_are_batched_and_get_their_own_greedy_tokens(mo
     assert stats.decode_rows > stats.decode_steps, "requests shared decode steps"
 
 
+def test_a_caller_that_fell_behind_reads_what_is_queued_as_one_output():
+    handle = RequestHandle("r")
+    for token in range(3):
+        handle.deliver(RequestOutput("r", [token], f"<{token}>", finished=False))
+    handle.deliver(LoopDead("the loop died"))
+    outputs = iter(handle)
+    assert next(outputs) == RequestOutput("r", [0, 1, 2], "<0><1><2>", finished=False)
+    with pytest.raises(LoopDead):
+        next(outputs)
+
+    handle = RequestHandle("s")
+    handle.deliver(RequestOutput("s", [5], "a", finished=False))
+    handle.deliver(RequestOutput("s", [6], "b", finished=True, finish_reason="length"))
+    assert list(handle) == [RequestOutput("s", [5, 6], "ab", finished=True, finish_reason="length")]
+
+
 def test_refused_request_raises_at_submit_and_registers_nothing(model):
     loop = EngineLoop(Engine(Target(model), EngineConfig(max_slots=2, max_len=32)))
     with pytest.raises(ValueError, match="max_tokens"):
@@ -49,11 +66,12 @@ def test_refused_request_raises_at_submit_and_registers_nothing(model):
 def test_bounded_waiting_queue_refuses_beyond_the_bound(model):
     loop = EngineLoop(Engine(Target(model), EngineConfig(max_slots=1, max_len=64)), max_waiting=2)
     running = loop.submit(random_prompts([5])[0], SamplingParams(max_tokens=50))
-    next(iter(running))
+    first = next(iter(running))
     waiting = [loop.submit(p, SamplingParams(max_tokens=4)) for p in random_prompts([4, 6])]
     with pytest.raises(QueueFull):
         loop.submit(random_prompts([4])[0], SamplingParams(max_tokens=4))
-    assert [sum(len(o.new_token_ids) for o in h) for h in [running, *waiting]] == [49, 4, 4]
+    rest = [sum(len(o.new_token_ids) for o in h) for h in [running, *waiting]]
+    assert rest == [50 - len(first.new_token_ids), 4, 4]
     loop.stop()
 
 

@@ -21,7 +21,7 @@ from aerie.target import Target
 
 LENGTHS = [5, 23, 9, 41, 3, 17, 30, 11]
 NEW_TOKENS = 24
-CONFIG = EngineConfig(max_slots=3, max_len=128, prefill_chunk=16)
+CONFIG = EngineConfig(max_slots=3, max_len=128, prefill_tokens=16)
 PEAKED = 12.0
 
 
@@ -89,7 +89,7 @@ def test_after_every_step_each_slot_holds_the_states_of_its_kept_tokens(qwen3_ne
     """Step by step, with rows rejecting different numbers of drafts: each slot's conv and recurrent
     states equal the ones transformers' own cache holds after the slot's committed tokens."""
     target, head = qwen3_next
-    engine = build_engine(target, EngineConfig(max_slots=3, max_len=96, prefill_chunk=8), "eagle", head, 4)
+    engine = build_engine(target, EngineConfig(max_slots=3, max_len=96, prefill_tokens=8), "eagle", head, 4)
     for prompt in prompts[:4]:
         engine.add_request(prompt, SamplingParams(max_tokens=14))
     checked = 0

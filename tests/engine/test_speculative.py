@@ -20,7 +20,7 @@ from aerie.target import Target, load_target
 
 LENGTHS = [5, 23, 9, 41, 3, 17, 30, 11]
 NEW_TOKENS = 24
-CONFIG = EngineConfig(max_slots=3, max_len=128, prefill_chunk=16)
+CONFIG = EngineConfig(max_slots=3, max_len=128, prefill_tokens=16)
 METHODS = ("eagle3", "peagle", "eagle")
 
 

@@ -49,7 +49,7 @@ def test_train_an_eagle_head_on_qwen3_next_and_speculate_with_it(ray_local, qwen
     target = load_target(str(qwen3_next_dir), device="cpu")
     head = load_head(cfg.out, target)
     assert head.method == "eagle" and head.config.speculative_tokens == cfg.k
-    config = EngineConfig(max_slots=3, max_len=48, prefill_chunk=8)
+    config = EngineConfig(max_slots=3, max_len=48, prefill_tokens=8)
     prompts = [[t + 3 for t in p] for p in random_prompts([6, 13, 9, 4], seed=2)]
     params = SamplingParams(max_tokens=12)
     expected = [r.token_ids for r in build_engine(target, config).generate(prompts, params)]
