@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from aerie.target import segmented_attention
+
 FeatureKind = Literal["eagle3", "last"]
 RECURRENT_LAYER_TYPE = "linear_attention"
 
@@ -84,6 +86,10 @@ class Target:
         self.hidden_size: int = self.config.hidden_size
         self.vocab_size: int = self.lm_head.weight.shape[0]
         self.tap_layers = eagle3_tap_layers(self.num_layers)
+        if model.config._attn_implementation == "sdpa":
+            model.set_attn_implementation(segmented_attention.NAME)
+        self.segmented_attention = model.config._attn_implementation == segmented_attention.NAME
+        """Attention reads each run of rows' own longest context (`segmented_attention`)."""
         self.uses_eager_mask = model.config._attn_implementation == "eager"
         self.sliding_window: int | None = getattr(self.config, "sliding_window", None)
         self.layer_types: list[str] | None = getattr(self.config, "layer_types", None)
@@ -129,14 +135,17 @@ class Target:
         cache: object | None = None,
         logits_at: torch.Tensor | None = None,
         features: FeatureKind | None = None,
+        segments: list[segmented_attention.Segment] | None = None,
     ) -> TargetOutput:
         """One forward over `input_ids` [B, q] (no grad: the target is frozen; features may feed a
         head being trained, which inference-mode tensors could not).
 
         `logits_at` is a boolean [B, q] mask or None (all positions); logits come back flattened
         to [N, V] in row-major order when it is given, else as [B, q, V]. `features` asks for the
-        EAGLE-3 fused taps ([B, q, 3H]) or the last hidden state ([B, q, H]).
+        EAGLE-3 fused taps ([B, q, 3H]) or the last hidden state ([B, q, H]). `segments` are runs
+        of rows whose attention reads only their own longest context (with `segmented_attention`).
         """
+        extra = {segmented_attention.SEGMENTS: segments} if segments and self.segmented_attention else {}
         self._captured = {} if features == "eagle3" else None
         try:
             hidden = self.decoder(
@@ -145,6 +154,7 @@ class Target:
                 attention_mask=attention_mask,
                 cache=cache,
                 use_cache=cache is not None,
+                **extra,
             ).last_hidden_state
             if features == "eagle3":
                 feats = torch.cat([self._captured[i] for i in self.tap_layers], dim=-1)

@@ -7,6 +7,7 @@ from random_models import ARCHITECTURES, hf_greedy, random_model, random_prompts
 
 from aerie.engine import Engine, EngineConfig, SamplingParams
 from aerie.target import Target
+from aerie.target.segmented_attention import CALL_COST_COLUMNS
 
 LENGTHS = [5, 23, 9, 41, 3, 17]
 NEW_TOKENS = 16
@@ -26,6 +27,16 @@ def test_batched_chunked_greedy_matches_hf(arch_model):
     results = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))
     assert [r.token_ids for r in results] == expected
     assert all(r.finish_reason == "length" for r in results)
+
+
+def test_attention_cut_into_runs_of_rows_matches_hf(arch_model, monkeypatch):
+    """Every forward's attention cut into runs that read only their longest row's columns (free
+    calls: the most runs), prefill and decode."""
+    model, prompts, expected = arch_model
+    monkeypatch.setitem(CALL_COST_COLUMNS, "cpu", 0)
+    engine = Engine(Target(model), EngineConfig(max_slots=6, max_len=128, prefill_tokens=64))
+    results = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))
+    assert [r.token_ids for r in results] == expected
 
 
 def test_requests_joining_mid_flight_match_hf(arch_model):
