@@ -132,8 +132,9 @@ class StepCosts:
 
 class LiveCosts:
     """Measured / calibrated seconds of live decode steps, per batch size (the nearest calibration
-    grid point) and kind of step (K = 0 or drafting): the median of the last `window` ratios,
-    while the latest is at most `fresh_steps` decode steps old. A kind with no fresh ratio takes
+    grid point) and kind of step (K = 0 or drafting): the mean of the last `window` ratios but the
+    largest (throughput follows the mean step; one stall should not decide), while the latest is at
+    most `fresh_steps` decode steps old. A kind with no fresh ratio takes
     the other kind's (load slows both alike until measured otherwise), else 1, so a stale verdict
     against drafting expires and is measured again."""
 
@@ -166,7 +167,8 @@ class LiveCosts:
     def ratio(self, rows: int, drafting: bool) -> float:
         for kind in (drafting, not drafting):
             if self.is_fresh(rows, kind):
-                return statistics.median(self._ratios[self.bucket(rows), kind])
+                ratios = sorted(self._ratios[self.bucket(rows), kind])
+                return statistics.fmean(ratios[:-1] if len(ratios) > 2 else ratios)
         return 1.0
 
 
@@ -197,6 +199,7 @@ class AdaptivePolicy:
         self.live = LiveCosts(costs.rows)
         self.catch_up_seconds: deque[float] = deque(maxlen=16)
         self.current = 0
+        self._switching_on = False
         self.calibration_seconds = 0.0
         self._off_steps = 0
         self._probe_interval = probe_every
@@ -229,6 +232,12 @@ class AdaptivePolicy:
     def choose(self, rows: int, context: int, catch_up: int = 0) -> int:
         """K for `rows` decoding rows whose longest is `context` tokens, the head `catch_up`
         positions behind on the row furthest behind."""
+        was_off = self.current == 0
+        k = self._choose(rows, context, catch_up)
+        self._switching_on = bool(k) and was_off
+        return k
+
+    def _choose(self, rows: int, context: int, catch_up: int) -> int:
         switch = self.switch_seconds(rows, catch_up)
         scores = {k: self.goodput(rows, k, context, switch) for k in [0, *self.depths]}
         best = max(self.depths, key=scores.__getitem__)
@@ -267,10 +276,12 @@ class AdaptivePolicy:
             self.acceptance.update(drafted, accepted)
 
     def observe_time(self, rows: int, k: int, context: int, catch_up: int, seconds: float) -> None:
-        """The wall time of the decode step this policy chose `k` for. A drafting step with a long
-        catch-up teaches what a catch-up column costs, not what drafting does."""
+        """The wall time of the decode step this policy chose `k` for. A step switching speculation
+        on (or probing), with a long catch-up, teaches what a catch-up column costs; while drafting
+        goes on, catching up on rows that joined (their prompts) is drafting's own cost under this
+        traffic, and counts in its live ratio."""
         self.live.clock += 1
-        extra = self.extra_catch_up(catch_up) if k else 0
+        extra = self.extra_catch_up(catch_up) if k and self._switching_on else 0
         if extra:
             excess = max(0.0, seconds - self.step_seconds(rows, k, context))
             self.catch_up_seconds.append(excess / (rows * extra))

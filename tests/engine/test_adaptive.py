@@ -150,3 +150,15 @@ def test_a_dear_catch_up_is_priced_into_switching_speculation_on():
     p.current = 0
     assert p.choose(4, CONTEXT, far_behind) == 0  # ~780 ms of catch-up does not pay back in 16 steps
     assert p.choose(4, CONTEXT, 1) > 0  # a head that is not behind drafts
+
+
+def test_catching_up_on_rows_that_joined_while_drafting_is_drafting_s_own_cost():
+    p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, probe_every=10**9)
+    k = p.choose(4, CONTEXT)
+    assert k > 0
+    p.observe_time(4, k, CONTEXT, 1, p.costs.step(4, k, CONTEXT))  # drafting, steady
+    for _ in range(20):  # requests keep arriving: each drafting step catches up on a new prompt, 3x dearer
+        k = p.choose(4, CONTEXT, 200)
+        p.observe_time(4, k, CONTEXT, 200 if k else 0, (3.0 if k else 1.0) * p.costs.step(4, k, CONTEXT))
+    assert not p.catch_up_seconds and p.live.ratio(4, drafting=True) >= 2
+    assert p.current == 0
