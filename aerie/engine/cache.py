@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from aerie.target.model import RECURRENT_LAYER_TYPE, Target
+from aerie.target.segmented_attention import Segment
 
 
 class SlotKVCache:
@@ -64,6 +65,8 @@ class SlotKVCache:
         self._row_index = torch.zeros(0, 1, dtype=torch.long, device=device)
         self._write_pos = torch.zeros(0, 1, dtype=torch.long, device=device)
         self._kv_len = 0
+        self.segments: list[Segment] | None = None
+        """Runs of batch rows whose attention reads only their own longest context (set by `bind`)."""
 
     @classmethod
     def for_config(
@@ -85,11 +88,18 @@ class SlotKVCache:
         any mask shows them)."""
 
     def bind(
-        self, slot_ids: list[int], write_pos: torch.Tensor, kv_len: int, slot_index: torch.Tensor | None = None
+        self,
+        slot_ids: list[int],
+        write_pos: torch.Tensor,
+        kv_len: int,
+        slot_index: torch.Tensor | None = None,
+        segments: list[Segment] | None = None,
     ) -> None:
         """Route the next forward: batch row b is slot `slot_ids[b]`; its new token i is written at
-        column `write_pos[b, i]` (the scratch column for padding); attention reads `kv_len` columns.
-        `slot_index` is `slot_index(slot_ids)` when the caller already has it."""
+        column `write_pos[b, i]` (the scratch column for padding); attention reads `kv_len` columns
+        (or each run of `segments` its own). `slot_index` is `slot_index(slot_ids)` when the caller
+        already has it."""
+        self.segments = segments
         first = slot_ids[0]
         contiguous = slot_ids == list(range(first, first + len(slot_ids)))
         self._row_index = self.slot_index(slot_ids) if slot_index is None else slot_index

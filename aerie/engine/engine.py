@@ -43,8 +43,7 @@ from aerie.engine.verify import (
     verify_tree_sampled,
 )
 from aerie.target.model import RECURRENT_LAYER_TYPE, FeatureKind, Target, TargetOutput
-from aerie.target.segmented_attention import CALL_COST_COLUMNS, Segment
-from aerie.target.segmented_attention import segments as attention_segments
+from aerie.target.segmented_attention import Segment, segments_on
 
 log = logging.getLogger(__name__)
 
@@ -366,8 +365,7 @@ class Engine:
     def _segments(self, starts: list[int], lengths: list[int]) -> list[Segment] | None:
         if not self.target.segmented_attention:
             return None
-        call_cost = CALL_COST_COLUMNS.get(self.device.type, CALL_COST_COLUMNS["cuda"])
-        return attention_segments([p + n for p, n in zip(starts, lengths, strict=True)], call_cost)
+        return segments_on(self.device, [p + n for p, n in zip(starts, lengths, strict=True)])
 
     def _attention_mask(self, layout: BlockLayout) -> torch.Tensor | dict[str, torch.Tensor]:
         """The mask the target's attention expects: boolean for SDPA, additive for eager; one per

@@ -32,6 +32,7 @@ from aerie.engine.sampling import adjusted_probs, draw_uniforms, request_setting
 from aerie.heads import DraftHead, PEagleHead
 from aerie.heads.base import HeadOutput, at_positions
 from aerie.target.model import FeatureKind
+from aerie.target.segmented_attention import segments_on
 
 
 @dataclass
@@ -153,11 +154,11 @@ class HeadProposer(Proposer):
     ) -> HeadOutput:
         """One head forward over a block of new positions per row (target features as input), with
         logits at the block positions `logits_at` [B, n] only."""
-        layout = BlockLayout.build(
-            prefix, [len(t) for t in tokens], self.cache.scratch, self.device, position_offset=1
-        )
+        lengths = [len(t) for t in tokens]
+        layout = BlockLayout.build(prefix, lengths, self.cache.scratch, self.device, position_offset=1)
         width = layout.valid.shape[1]
-        self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len)
+        segments = segments_on(self.device, [p + n for p, n in zip(prefix, lengths, strict=True)])
+        self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len, segments=segments)
         return self.head(
             pad_rows(tokens, width, self.device),
             layout.positions,
@@ -174,13 +175,15 @@ class HeadProposer(Proposer):
         tokens: torch.Tensor,
         hidden: torch.Tensor,
         columns: torch.Tensor,
-        kv_len: int,
+        kv_lens: list[int],
     ) -> HeadOutput:
         """One drafting step past the catch-up: one token per row ([B, 1] target ids) with the head's
-        previous hidden state, written at head cache `columns` [B], seeing every column up to its own."""
+        previous hidden state, written at head cache `columns` [B] (`kv_lens` - 1, on the host),
+        seeing every column up to its own."""
         write = columns[:, None]
+        kv_len = max(kv_lens)
         mask = torch.arange(kv_len, device=self.device)[None, None, None, :] <= write[:, None, :, None]
-        self.cache.bind(slot_ids, write, kv_len, slot_index)
+        self.cache.bind(slot_ids, write, kv_len, slot_index, segments=segments_on(self.device, kv_lens))
         return self.head(tokens, write + 1, hidden=hidden, attention_mask=mask, cache=self.cache)
 
     def _choose(self, rows: list[Request], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -226,9 +229,9 @@ class Eagle3Proposer(HeadProposer):
             slot_ids = [r.slot for r in rows]
             slot_index = self.cache.slot_index(slot_ids)
             columns = torch.tensor([r.length - 1 for r in rows], device=self.device)
-            longest = max(r.length for r in rows)
             for step in range(1, k):
-                out = self._chain_step(slot_ids, slot_index, chosen, hidden, columns + step - 1, longest + step - 1)
+                kv_lens = [r.length + step - 1 for r in rows]
+                out = self._chain_step(slot_ids, slot_index, chosen, hidden, columns + step - 1, kv_lens)
                 hidden = out.hidden
                 chosen, probs = self._choose(rows, out.logits)
                 drafts.append(chosen)

@@ -5,7 +5,9 @@ Parameter names follow the Hugging Face / vLLM Llama layout (`self_attn.q_proj`,
 
 Attention takes an optional `cache` with the slot-cache protocol of `aerie.engine.cache.SlotKVCache`:
 `update(key_states [B, kv_heads, q, D], value_states, layer_idx) -> (keys [B, kv_heads, kv, D], values)`.
-Keys are stored after RoPE. The mask is boolean, `[B, 1, q, kv]`, True = attend.
+Keys are stored after RoPE. The mask is boolean, `[B, 1, q, kv]`, True = attend. A cache whose
+`segments` are set (runs of rows, `aerie.target.segmented_attention`) has each run read only its own
+longest context.
 """
 
 from __future__ import annotations
@@ -141,13 +143,18 @@ class Attention(nn.Module):
                 raise ValueError(f"attention_mask is {tuple(mask.shape)}, expected [B, 1, {q}, {kv}]")
             # A query that sees nothing (padding) would give NaN; let it see everything instead.
             mask = mask | ~mask.any(dim=-1, keepdim=True)
-        out = F.scaled_dot_product_attention(
-            query,
-            key.to(query.dtype),
-            value.to(query.dtype),
-            attn_mask=mask,
-            enable_gqa=self.kv_heads != self.num_heads,
-        )
+        key, value = key.to(query.dtype), value.to(query.dtype)
+        gqa = self.kv_heads != self.num_heads
+        segments = getattr(cache, "segments", None) if mask.shape[0] == batch else None
+        if segments:  # runs of rows, each reading only its own longest context (the slot cache's)
+            out = torch.cat([
+                F.scaled_dot_product_attention(
+                    query[a:b], key[a:b, :, :n], value[a:b, :, :n], attn_mask=mask[a:b, :, :, :n], enable_gqa=gqa
+                )
+                for a, b, n in segments
+            ])
+        else:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(batch, q, self.num_heads * self.head_dim))
 
 

@@ -55,6 +55,11 @@ def segments(kv_lens: Sequence[int], call_cost: int) -> list[Segment] | None:
     return runs[::-1] if len(runs) > 1 else None
 
 
+def segments_on(device: torch.device, kv_lens: Sequence[int]) -> list[Segment] | None:
+    """`segments` at the call cost of `device`'s kind (CUDA's for other accelerators)."""
+    return segments(kv_lens, CALL_COST_COLUMNS.get(device.type, CALL_COST_COLUMNS["cuda"]))
+
+
 def segmented_sdpa(
     module: torch.nn.Module,
     query: torch.Tensor,

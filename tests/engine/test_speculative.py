@@ -17,6 +17,7 @@ from aerie.engine.sampling import adjusted_probs
 from aerie.engine.tree import TreeProposer
 from aerie.engine.verify import verify_sampled, verify_tree_sampled
 from aerie.target import Target, load_target
+from aerie.target.segmented_attention import CALL_COST_COLUMNS
 
 LENGTHS = [5, 23, 9, 41, 3, 17, 30, 11]
 NEW_TOKENS = 24
@@ -45,6 +46,27 @@ def test_greedy_speculation_equals_baseline(llama_with_heads, prompts, baseline,
     per_request = {r.spec.accepted_tokens / max(r.spec.drafts, 1) for r in results}
     assert engine.spec.accepted_tokens > 0 and len(per_request) > 1, "slots should accept different counts"
     assert engine.spec.acceptance_length == pytest.approx(1 + engine.spec.accepted_tokens / engine.spec.drafts)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_speculation_with_attention_in_runs_of_rows_equals_baseline(
+    llama_with_heads, prompts, baseline, method, monkeypatch
+):
+    """Target and head attention cut into the most runs (calls cost nothing), 6 rows of 3-41 tokens."""
+    monkeypatch.setitem(CALL_COST_COLUMNS, "cpu", 0)
+    target, heads = llama_with_heads
+    config = EngineConfig(max_slots=6, max_len=128, prefill_tokens=64)
+    engine = build_engine(target, config, method, heads[method], 4)
+    cache, bind, cut = engine.proposer.cache, engine.proposer.cache.bind, []
+
+    def spying_bind(*args, **kwargs):
+        bind(*args, **kwargs)
+        cut.append(cache.segments is not None)
+
+    cache.bind = spying_bind
+    results = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))
+    assert [r.token_ids for r in results] == baseline
+    assert any(cut) or method == "eagle"  # the EAGLE head drafts a tree: one call over the batch
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen3_moe"])
