@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import torch
+from protocol import chat_prompts
 
 from aerie.engine import EngineConfig, SamplingParams
 from aerie.engine.build import build_engine
 from aerie.engine.request import Status
-from aerie.formats.chat import ChatEncoder
 from aerie.target import load_target
 from aerie.traffic import synthesize
 
@@ -37,10 +37,9 @@ def main() -> None:
     if not target.segmented_attention:
         raise SystemExit(f"{args.target} does not use SDPA attention: nothing to compare")
     sizes = [int(n) for n in args.rows.split(",")]
-    encoder = ChatEncoder(target.tokenizer)
-    exchanges = synthesize(2 * max(sizes), seed=23, tokenizer=target.tokenizer, max_tokens=768, part="eval")
-    prompts = [target.tokenizer.encode(encoder.render(e.messages, add_generation_prompt=True), add_special_tokens=False)
-               for e in exchanges]
+    prompts = chat_prompts(
+        target, synthesize(2 * max(sizes), seed=23, tokenizer=target.tokenizer, max_tokens=768, part="eval")
+    )
     print(f"{'rows':>4} {'longest':>7} {'mean':>5} {'one call ms':>11} {'runs ms':>8} {'runs / one':>10}")
     for rows in sizes:
         for batch in (prompts[:rows], prompts[max(sizes):max(sizes) + rows]):

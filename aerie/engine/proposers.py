@@ -32,7 +32,7 @@ from aerie.engine.sampling import adjusted_probs, draw_uniforms, request_setting
 from aerie.heads import DraftHead, PEagleHead
 from aerie.heads.base import HeadOutput, at_positions
 from aerie.target.model import FeatureKind
-from aerie.target.segmented_attention import segments_on
+from aerie.target.segmented_attention import Segment, segments_on
 
 
 @dataclass
@@ -175,15 +175,15 @@ class HeadProposer(Proposer):
         tokens: torch.Tensor,
         hidden: torch.Tensor,
         columns: torch.Tensor,
-        kv_lens: list[int],
+        kv_len: int,
+        segments: list[Segment] | None,
     ) -> HeadOutput:
         """One drafting step past the catch-up: one token per row ([B, 1] target ids) with the head's
-        previous hidden state, written at head cache `columns` [B] (`kv_lens` - 1, on the host),
-        seeing every column up to its own."""
+        previous hidden state, written at head cache `columns` [B], seeing every column up to its own
+        (`kv_len` columns in all, or each run of `segments` its own)."""
         write = columns[:, None]
-        kv_len = max(kv_lens)
         mask = torch.arange(kv_len, device=self.device)[None, None, None, :] <= write[:, None, :, None]
-        self.cache.bind(slot_ids, write, kv_len, slot_index, segments=segments_on(self.device, kv_lens))
+        self.cache.bind(slot_ids, write, kv_len, slot_index, segments=segments)
         return self.head(tokens, write + 1, hidden=hidden, attention_mask=mask, cache=self.cache)
 
     def _choose(self, rows: list[Request], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -229,9 +229,14 @@ class Eagle3Proposer(HeadProposer):
             slot_ids = [r.slot for r in rows]
             slot_index = self.cache.slot_index(slot_ids)
             columns = torch.tensor([r.length - 1 for r in rows], device=self.device)
+            longest = max(r.length for r in rows)
+            # Every row reads one more column each step, which leaves the cheapest cut as it is.
+            runs = segments_on(self.device, [r.length for r in rows]) or []
             for step in range(1, k):
-                kv_lens = [r.length + step - 1 for r in rows]
-                out = self._chain_step(slot_ids, slot_index, chosen, hidden, columns + step - 1, kv_lens)
+                segments = [(a, b, n + step - 1) for a, b, n in runs] or None
+                out = self._chain_step(
+                    slot_ids, slot_index, chosen, hidden, columns + step - 1, longest + step - 1, segments
+                )
                 hidden = out.hidden
                 chosen, probs = self._choose(rows, out.logits)
                 drafts.append(chosen)
