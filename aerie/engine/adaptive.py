@@ -12,6 +12,9 @@ overhead is what speculation amortises, so leaving it out undervalues drafting),
 calibration when the engine starts (`calibrate`: real engine steps over a grid of batch sizes, draft
 lengths and two context lengths, cached per target, head and device); acceptance comes from
 exponentially decayed live counters, seeded with the head's own evaluation when its file has one.
+Drafting first needs the head caught up on every token it has not seen (a new row's whole prompt,
+every token since speculation went off); calibration prices that per row and column, and live
+switches refine it, so turning speculation on must pay the catch-up back within `horizon` steps.
 Calibration runs on an idle engine; under real load (an HTTP server's threads, a busy host) steps
 cost more, and not by the same factor for every K, so each prediction is scaled by what live steps
 of that kind (K = 0, drafting) cost against their calibration at that batch size (`LiveCosts`).
@@ -22,8 +25,11 @@ baseline's own step (the target forward and verification of `none`; the only ext
 target features the head will need when speculation resumes). While K = 0 wins, a probe drafts
 anyway now and then so the acceptance estimate cannot go stale: after `probe_every` steps off, and,
 once `confident_drafts` live drafts outweigh the seed, twice as long after each probe that did not
-turn speculation back on (up to `max_probe_every`); and only where drafting could pay at that load
-at all (a perfect draft beating K = 0): otherwise K = 0 costs what `none` costs. K is chosen for
+turn speculation back on (up to `max_probe_every`); only where drafting could pay at that load at
+all (a perfect draft beating K = 0), and only once the probe's predicted extra cost, its catch-up
+included, is at most `probe_budget` of the time spent off since the last one (at a high batch size
+the head is far behind on every row, and a probe there is the dearest step there is). Otherwise
+K = 0 costs what `none` costs. K is chosen for
 the whole batch (per-request K would split the verify forward's shape and save little: rows that
 accept little cost little extra in a batched verify).
 """
@@ -104,6 +110,9 @@ class StepCosts:
     rows: list[int]
     contexts: list[int]
     seconds: dict[tuple[int, int, int], float]
+    catch_up: dict[int, float] = field(default_factory=dict)
+    """Seconds per row and column of the head catching up beyond a steady step, per batch size
+    (`AdaptivePolicy.extra_catch_up`): what the first drafting step after a prefill pays."""
 
     def step(self, rows: int, k: int, context: int) -> float:
         low, high = self.contexts[0], self.contexts[-1]
@@ -112,31 +121,54 @@ class StepCosts:
         share = (max(context, low) - low) / (high - low)
         return self._at_rows(rows, low, k) * (1 - share) + self._at_rows(rows, high, k) * share
 
+    @property
+    def head_token_seconds(self) -> float:
+        """Seconds of the head's pass over one prompt token in a prefill (the catch-up cost per
+        column at the largest batch measured: a prefill chunk is hundreds of tokens)."""
+        return self.catch_up[max(self.catch_up)] if self.catch_up else 0.0
+
+    def catch_up_column(self, rows: int) -> float:
+        """Seconds per row and column of catch-up at `rows` rows (0 where none was measured)."""
+        if not self.catch_up:
+            return 0.0
+        return _interpolate(sorted(self.catch_up), self.catch_up.__getitem__, rows, extrapolate=False)
+
     def _at_rows(self, rows: int, context: int, k: int) -> float:
-        grid = self.rows
-        if rows <= grid[0]:
-            return self.seconds[grid[0], context, k]
-        for low, high in zip(grid, grid[1:], strict=False):
-            if rows <= high:
-                share = (rows - low) / (high - low)
-                return self.seconds[low, context, k] * (1 - share) + self.seconds[high, context, k] * share
-        return self.seconds[grid[-1], context, k] * rows / grid[-1]
+        return _interpolate(self.rows, lambda r: self.seconds[r, context, k], rows, extrapolate=True)
 
     def to_json(self) -> dict:
-        return {"rows": self.rows, "contexts": self.contexts, "seconds": [[*key, v] for key, v in self.seconds.items()]}
+        return {
+            "rows": self.rows,
+            "contexts": self.contexts,
+            "seconds": [[*key, v] for key, v in self.seconds.items()],
+            "catch_up": [[r, v] for r, v in self.catch_up.items()],
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> StepCosts:
-        return cls(data["rows"], data["contexts"], {(r, c, k): v for r, c, k, v in data["seconds"]})
+        seconds = {(r, c, k): v for r, c, k, v in data["seconds"]}
+        return cls(data["rows"], data["contexts"], seconds, {r: v for r, v in data.get("catch_up", [])})
+
+
+def _interpolate(grid: list[int], value, rows: int, extrapolate: bool) -> float:
+    """`value` at `rows`: linear between grid points, the first point's below the grid, past it
+    proportional to rows (`extrapolate`) or the last point's."""
+    if rows <= grid[0]:
+        return value(grid[0])
+    for low, high in zip(grid, grid[1:], strict=False):
+        if rows <= high:
+            share = (rows - low) / (high - low)
+            return value(low) * (1 - share) + value(high) * share
+    return value(grid[-1]) * (rows / grid[-1] if extrapolate else 1.0)
 
 
 class LiveCosts:
     """Measured / calibrated seconds of live decode steps, per batch size (the nearest calibration
     grid point) and kind of step (K = 0 or drafting): the mean of the last `window` ratios but the
-    largest (throughput follows the mean step; one stall should not decide), while the latest is at
-    most `fresh_steps` decode steps old. A kind with no fresh ratio takes
-    the other kind's (load slows both alike until measured otherwise), else 1, so a stale verdict
-    against drafting expires and is measured again."""
+    largest (throughput follows the mean step; one stall should not decide), the smallest while
+    there are only two, while the latest is at most `fresh_steps` decode steps old. A kind with no
+    fresh ratio takes the other kind's (load slows both alike until measured otherwise), else 1, so
+    a stale verdict against drafting expires and is measured again."""
 
     def __init__(self, grid: list[int], window: int = 16, fresh_steps: int = 256) -> None:
         self.grid = grid
@@ -164,11 +196,15 @@ class LiveCosts:
     def is_fresh(self, rows: int, drafting: bool) -> bool:
         return self.age(rows, drafting) <= self.fresh_steps
 
+    def count(self, rows: int, drafting: bool) -> int:
+        """Fresh ratios of this kind at this batch size."""
+        return len(self._ratios[self.bucket(rows), drafting]) if self.is_fresh(rows, drafting) else 0
+
     def ratio(self, rows: int, drafting: bool) -> float:
         for kind in (drafting, not drafting):
             if self.is_fresh(rows, kind):
                 ratios = sorted(self._ratios[self.bucket(rows), kind])
-                return statistics.fmean(ratios[:-1] if len(ratios) > 2 else ratios)
+                return statistics.fmean(ratios[:-1]) if len(ratios) > 2 else ratios[0]
         return 1.0
 
 
@@ -185,6 +221,8 @@ class AdaptivePolicy:
         confident_drafts: int = 64,
         refresh_every: int = 64,
         horizon: int = 16,
+        probe_budget: float = 0.02,
+        min_plain_samples: int = 3,
     ) -> None:
         self.depths = depths
         self.costs = costs
@@ -196,50 +234,62 @@ class AdaptivePolicy:
         self.confident_drafts = confident_drafts
         self.refresh_every = refresh_every
         self.horizon = horizon
+        self.probe_budget = probe_budget
+        self.min_plain_samples = min_plain_samples
         self.live = LiveCosts(costs.rows)
         self.catch_up_seconds: deque[float] = deque(maxlen=16)
         self.current = 0
-        self._switching_on = False
+        self.prefill_tokens = 0.0
+        """Prompt tokens prefilled per decode step (decayed): while drafting, the head passes over
+        each of them too."""
+        self._prefilled = 0
         self.calibration_seconds = 0.0
         self._off_steps = 0
+        self._off_seconds = 0.0
         self._probe_interval = probe_every
+
+    @property
+    def drafting(self) -> bool:
+        """Whether the last choice drafted: the head then keeps up with prefills as they happen."""
+        return self.current > 0
 
     def step_seconds(self, rows: int, k: int, context: int) -> float:
         """Predicted seconds of a step drafting `k`: the calibration, scaled to live steps."""
         return self.costs.step(rows, k, context) * self.live.ratio(rows, k > 0)
 
     def extra_catch_up(self, catch_up: int) -> int:
-        """Columns of a catch-up beyond a steady drafting step's (the last draft's accepted tokens
-        and one more); 0 unless the head is that far behind (speculation was off, or rows are new:
-        the head catches up on their whole prompt)."""
-        steady = self.depths[-1] + 1
-        return catch_up - steady if catch_up > 2 * steady else 0
+        return extra_catch_up(catch_up, self.depths[-1])
 
     def switch_seconds(self, rows: int, catch_up: int) -> float:
-        """Predicted seconds of the head's catch-up beyond a steady step: live seconds per row and
-        column of past catch-ups (0 until one is measured)."""
+        """Predicted seconds of the head's catch-up beyond a steady step: seconds per row and column
+        of past live catch-ups, before any the calibration's."""
         extra = self.extra_catch_up(catch_up)
-        if not extra or not self.catch_up_seconds:
+        if not extra:
             return 0.0
-        return statistics.median(self.catch_up_seconds) * rows * extra
+        if self.catch_up_seconds:
+            return statistics.median(self.catch_up_seconds) * rows * extra
+        return self.costs.catch_up_column(rows) * rows * extra
 
-    def goodput(self, rows: int, k: int, context: int, switch: float = 0.0) -> float:
+    def goodput(
+        self, rows: int, k: int, context: int, switch: float = 0.0, tokens_left: float = math.inf
+    ) -> float:
         """Predicted tokens per second of a step drafting `k` for `rows` rows of `context` tokens;
-        a `switch` cost (the catch-up a first drafting step pays) is spread over `horizon` steps."""
-        seconds = self.step_seconds(rows, k, context) + (switch / self.horizon if k else 0.0)
-        return rows * self.acceptance.expected_tokens(k) / seconds
+        a `switch` cost (the catch-up a first drafting step pays) is spread over the steps the rows
+        still have to go at that K (`tokens_left` each), at most `horizon`, and drafting pays the
+        head's pass over the prompts prefilled meanwhile."""
+        tokens = self.acceptance.expected_tokens(k)
+        seconds = self.step_seconds(rows, k, context)
+        if k:
+            steps = min(self.horizon, max(1.0, tokens_left / tokens))
+            seconds += switch / steps + self.prefill_tokens * self.costs.head_token_seconds
+        return rows * tokens / seconds
 
-    def choose(self, rows: int, context: int, catch_up: int = 0) -> int:
-        """K for `rows` decoding rows whose longest is `context` tokens, the head `catch_up`
-        positions behind on the row furthest behind."""
-        was_off = self.current == 0
-        k = self._choose(rows, context, catch_up)
-        self._switching_on = bool(k) and was_off
-        return k
-
-    def _choose(self, rows: int, context: int, catch_up: int) -> int:
+    def choose(self, rows: int, context: int, catch_up: int = 0, tokens_left: float = math.inf) -> int:
+        """K for `rows` decoding rows attending to `context` columns each, the head `catch_up`
+        positions behind on the row furthest behind, the rows `tokens_left` tokens from their
+        max_tokens on average."""
         switch = self.switch_seconds(rows, catch_up)
-        scores = {k: self.goodput(rows, k, context, switch) for k in [0, *self.depths]}
+        scores = {k: self.goodput(rows, k, context, switch, tokens_left) for k in [0, *self.depths]}
         best = max(self.depths, key=scores.__getitem__)
         if scores[best] < scores[0] * (1 + self.margin):
             best = 0
@@ -247,16 +297,26 @@ class AdaptivePolicy:
             best = self.current
         self.current = best
         if best:
-            self._off_steps, self._probe_interval = 0, self.probe_every
-            if self.live.is_fresh(rows, drafting=True) and self.live.age(rows, drafting=False) > self.refresh_every:
+            self._off_steps, self._off_seconds, self._probe_interval = 0, 0.0, self.probe_every
+            refresh = self.refresh_every
+            if self.live.count(rows, drafting=False) < self.min_plain_samples:
+                refresh //= 8  # until a few plain steps are timed at this load, one can decide
+            if self.live.is_fresh(rows, drafting=True) and self.live.age(rows, drafting=False) > refresh:
                 return 0  # one plain step, so what K = 0 costs under this load is measured, not assumed
             return best
         self._off_steps += 1
-        if self._off_steps >= self._probe_interval and self.could_pay(rows, context, switch):
-            self._off_steps = 0
+        self._off_seconds += self.step_seconds(rows, 0, context)
+        probe = max(self.depths, key=scores.__getitem__)
+        probe_cost = switch + self.step_seconds(rows, probe, context) - self.step_seconds(rows, 0, context)
+        if (
+            self._off_steps >= self._probe_interval
+            and probe_cost <= self.probe_budget * self._off_seconds
+            and self.could_pay(rows, context, switch)
+        ):
+            self._off_steps, self._off_seconds = 0, 0.0
             if self.acceptance.observed >= self.confident_drafts:
                 self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
-            return max(self.depths, key=scores.__getitem__)
+            return probe
         return 0
 
     def could_pay(self, rows: int, context: int, switch: float = 0.0) -> bool:
@@ -265,7 +325,7 @@ class AdaptivePolicy:
         Where it could not (e.g. verification too dear at a high batch size), probing only costs:
         a probe's head catch-up over every token since the last draft is the dearest step there is."""
         baseline = 1 / self.step_seconds(rows, 0, context)
-        spread = switch / self._probe_interval
+        spread = switch / self._probe_interval + self.prefill_tokens * self.costs.head_token_seconds
         return any(
             (1 + k) / (self.step_seconds(rows, k, context) + spread) > baseline * (1 + self.margin)
             for k in self.depths
@@ -275,18 +335,31 @@ class AdaptivePolicy:
         if any(drafted):
             self.acceptance.update(drafted, accepted)
 
+    def observe_prefill(self, tokens: int) -> None:
+        """A prefill fed `tokens` prompt tokens (padding included)."""
+        self._prefilled += tokens
+
     def observe_time(self, rows: int, k: int, context: int, catch_up: int, seconds: float) -> None:
-        """The wall time of the decode step this policy chose `k` for. A step switching speculation
-        on (or probing), with a long catch-up, teaches what a catch-up column costs; while drafting
-        goes on, catching up on rows that joined (their prompts) is drafting's own cost under this
-        traffic, and counts in its live ratio."""
+        """The wall time of the decode step this policy chose `k` for. A drafting step with a long
+        catch-up (speculation was off, or rows were prefilled while it was) teaches what a catch-up
+        column costs; every other step teaches its kind's live ratio."""
         self.live.clock += 1
-        extra = self.extra_catch_up(catch_up) if k and self._switching_on else 0
+        self.prefill_tokens = 0.9 * self.prefill_tokens + 0.1 * self._prefilled
+        self._prefilled = 0
+        extra = self.extra_catch_up(catch_up) if k else 0
         if extra:
             excess = max(0.0, seconds - self.step_seconds(rows, k, context))
             self.catch_up_seconds.append(excess / (rows * extra))
         else:
             self.live.record(rows, k > 0, seconds / self.costs.step(rows, k, context))
+
+
+def extra_catch_up(catch_up: int, depth: int) -> int:
+    """Columns of a catch-up beyond a steady drafting step's (the last draft's accepted tokens and
+    one more, for drafts of up to `depth`); 0 unless the head is that far behind (speculation was
+    off, or rows are new: the head catches up on their whole prompt)."""
+    steady = depth + 1
+    return catch_up - steady if catch_up > 2 * steady else 0
 
 
 @dataclass
@@ -295,10 +368,17 @@ class FixedK:
 
     k: int
 
-    def choose(self, rows: int, context: int, catch_up: int = 0) -> int:
+    @property
+    def drafting(self) -> bool:
+        return self.k > 0
+
+    def choose(self, rows: int, context: int, catch_up: int = 0, tokens_left: float = math.inf) -> int:
         return self.k
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
+        pass
+
+    def observe_prefill(self, tokens: int) -> None:
         pass
 
     def observe_time(self, rows: int, k: int, context: int, catch_up: int, seconds: float) -> None:
@@ -321,7 +401,9 @@ def measure_costs(engine: Engine, depths: list[int]) -> StepCosts:
     request holds a slot) and leaves nothing behind: the requests are cancelled and the step
     counters cleared. Steps are timed at the shortest, middle and longest K and interpolated
     between (every proposer's cost grows step by step with K); each table is made non-decreasing
-    in K, so one noisy measurement cannot make more work look cheaper."""
+    in K, so one noisy measurement cannot make more work look cheaper. The first drafting step at
+    the longest context catches the head up on the whole prompt: what it costs over that K's
+    fastest step, per row and column, prices a switch before the policy has timed one live."""
     if engine.requests:
         raise RuntimeError("calibration needs an idle engine")
     config = engine.config
@@ -335,6 +417,7 @@ def measure_costs(engine: Engine, depths: list[int]) -> StepCosts:
     contexts = sorted({min(32, room), min(512, room)})
     params = SamplingParams(max_tokens=gained + 1, ignore_eos=True)
     seconds: dict[tuple[int, int, int], float] = {}
+    catch_up: dict[int, float] = {}
     try:
         for rows in grid:
             for context in contexts:
@@ -344,12 +427,17 @@ def measure_costs(engine: Engine, depths: list[int]) -> StepCosts:
                 while any(engine.requests[i].status is not Status.DECODING for i in ids):
                     engine.step()
                 times = {k: [] for k in timed}
+                behind = engine.proposer.catch_up_width([engine.requests[i] for i in ids])
                 for _ in range(1 + rounds):
                     for k in timed:
                         engine.policy = FixedK(k)
                         times[k].append(_timed_step(engine))
                 for k in timed:
                     seconds[rows, context, k] = min(times[k][1:])
+                extra = extra_catch_up(behind + 1, depths[-1])  # + the token the K = 0 step added
+                if context == contexts[-1] and extra:
+                    first = timed[1]
+                    catch_up[rows] = max(0.0, times[first][0] - seconds[rows, context, first]) / (rows * extra)
                 for request_id in ids:
                     engine.cancel(request_id)
                 _fill_between(seconds, (rows, context), depths, timed[1:])
@@ -359,7 +447,7 @@ def measure_costs(engine: Engine, depths: list[int]) -> StepCosts:
             engine.cancel(request_id)
         engine.policy = None
         engine.stats, engine.spec = StepStats(), SpecCounters()
-    return StepCosts(grid, contexts, seconds)
+    return StepCosts(grid, contexts, seconds, catch_up)
 
 
 def _timed_step(engine: Engine) -> float:
@@ -388,7 +476,7 @@ def _non_decreasing(table: dict[tuple, float], point: tuple, keys: list[int]) ->
         table[(*point, k)] = max(table[(*point, k)], table[(*point, previous)])
 
 
-COST_MODEL = "whole-step-v2"
+COST_MODEL = "whole-step-v3"
 """Bumped when what `measure_costs` measures changes, so no cached calibration of another kind is read."""
 
 
@@ -433,7 +521,10 @@ def adaptive_policy(engine: Engine, cache: bool = True, **options) -> AdaptivePo
     costs = calibrate(engine, depths, cache)
     head = getattr(proposer, "head", None)
     metrics = getattr(head, "eval_metrics", None) or {}
-    chain = [metrics[f"chain_{d}"] for d in depths if f"chain_{d}" in metrics]
+    # The head's agreement at the anchors the engine's walk reaches (`walk_chain_d`) is what the
+    # engine will measure; over every anchor (`chain_d`, older head files) it runs higher.
+    kind = "walk_chain" if "walk_chain_1" in metrics else "chain"
+    chain = [metrics[f"{kind}_{d}"] for d in depths if f"{kind}_{d}" in metrics]
     policy = AdaptivePolicy(depths, costs, Acceptance.seeded(proposer.k, chain), **options)
     policy.calibration_seconds = time.perf_counter() - started
     return policy

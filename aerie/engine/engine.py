@@ -105,6 +105,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._streams: dict[str, TextStream] = {}
         self._stop_ids = set(target.stop_token_ids)
+        self._last_cut: tuple[tuple[int, ...], list[Segment] | None] = ((), None)
         self.spec = SpecCounters()
         self.stats = StepStats()
 
@@ -226,6 +227,10 @@ class Engine:
             request.prefilled += len(block)
             if out.features is not None:
                 self.proposer.observe(request.slot, out.features[row, : len(block)])
+        if out.features is not None and (self.policy is None or self.policy.drafting):
+            self.proposer.prefill(rows)
+        if self.policy is not None:
+            self.policy.observe_prefill(len(rows) * width)
         outputs = []
         for request, token in zip(finishing, first, strict=True):
             request.status = Status.DECODING
@@ -234,15 +239,16 @@ class Engine:
 
     def _decode(self, rows: list[Request]) -> list[RequestOutput]:
         """Draft, verify all rows in one target forward, keep each row's accepted path + one token.
-        K is the policy's for this many rows and the longest row's context (attention reads that
-        many columns for every row), else the proposer's; the policy learns what the step took
-        (the step ends reading the verdicts back, so the host clock needs no extra sync)."""
+        K is the policy's for this many rows and the context attention reads per row, else the
+        proposer's; the policy learns what the step took (the step ends reading the verdicts back,
+        so the host clock needs no extra sync)."""
         started = time.perf_counter()
         if self.policy is None:
             k = self.proposer.k
         else:
-            context, catch_up = max(r.length for r in rows), self.proposer.catch_up_width(rows)
-            k = self.policy.choose(len(rows), context, catch_up)
+            context, catch_up = self._attended_context(rows), self.proposer.catch_up_width(rows)
+            tokens_left = sum(r.params.max_tokens - len(r.output_ids) for r in rows) / len(rows)
+            k = self.policy.choose(len(rows), context, catch_up, tokens_left)
         draft = self.proposer.propose(rows, k) if k else None
         if draft is not None and draft.parents is not None:
             outputs = self._decode_tree(rows, draft)
@@ -365,7 +371,20 @@ class Engine:
     def _segments(self, starts: list[int], lengths: list[int]) -> list[Segment] | None:
         if not self.target.segmented_attention:
             return None
-        return segments_on(self.device, [p + n for p, n in zip(starts, lengths, strict=True)])
+        kv_lens = tuple(p + n for p, n in zip(starts, lengths, strict=True))
+        if kv_lens != self._last_cut[0]:  # a plain step after the policy's look: cut once
+            self._last_cut = (kv_lens, segments_on(self.device, kv_lens))
+        return self._last_cut[1]
+
+    def _attended_context(self, rows: list[Request]) -> int:
+        """Columns a decode step's attention reads per row: the longest row's for one call over
+        the batch; with attention cut into runs of rows, each run reads its own longest. (The
+        calibration's rows are all equally long, where both are the same.)"""
+        lengths = [r.length for r in rows]
+        runs = self._segments([n - 1 for n in lengths], [1] * len(rows))
+        if runs is None:
+            return max(lengths)
+        return round(sum((end - start) * columns for start, end, columns in runs) / len(rows))
 
     def _attention_mask(self, layout: BlockLayout) -> torch.Tensor | dict[str, torch.Tensor]:
         """The mask the target's attention expects: boolean for SDPA, additive for eager; one per

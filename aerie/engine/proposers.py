@@ -86,6 +86,9 @@ class Proposer:
         """The most positions a row's next draft must first catch up on (0: nothing to catch up)."""
         return 0
 
+    def prefill(self, rows: list[Request]) -> None:
+        """Catch up on the prompt tokens the target has just prefilled in `rows` (observed)."""
+
 
 class HeadProposer(Proposer):
     """What the head-based proposers share: per-slot catch-up state, the head's slot cache, and
@@ -128,6 +131,30 @@ class HeadProposer(Proposer):
 
     def catch_up_width(self, rows: list[Request]) -> int:
         return max(request.length - self._seen[request.slot] for request in rows)
+
+    @torch.inference_mode()
+    def prefill(self, rows: list[Request]) -> None:
+        """One head forward over the prompt positions each row's prefill has given features for:
+        the same rows and block widths as the target's prefill, so a draft that follows starts a
+        step or two behind instead of catching up on a whole prompt padded to the longest one."""
+        batch: list[tuple[Request, torch.Tensor]] = []
+        for request in rows:
+            pending = self._pending[request.slot]
+            features = pending[0] if len(pending) == 1 else torch.cat(pending)
+            if features.shape[0] > 1:  # the newest feature pairs with a token still to come
+                batch.append((request, features))
+        if not batch:
+            return
+        ready = [request for request, _ in batch]
+        starts = [self._seen[request.slot] for request in ready]
+        tokens = [r.prompt_ids[start : start + f.shape[0] - 1] for start, (r, f) in zip(starts, batch, strict=True)]
+        self._forward_blocks(
+            ready, tokens, [f[:-1] for _, f in batch], [start - 1 for start in starts],
+            last_positions([len(t) for t in tokens], self.device),
+        )
+        for (request, features), block in zip(batch, tokens, strict=True):
+            self._seen[request.slot] += len(block)
+            self._pending[request.slot] = [features[-1:]]
 
     def _catch_up_inputs(self, rows: list[Request]) -> tuple[list[list[int]], list[torch.Tensor], list[int]]:
         """Per row: the tokens at the positions the head has not seen, their preceding target

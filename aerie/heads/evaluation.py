@@ -4,7 +4,8 @@ One implementation for every caller: :func:`aerie.heads.fit.evaluate` (the singl
 agreement only) and the data-parallel job, where each worker calls :func:`eval_totals` on its share
 of the examples with its training settings (so the loss is counted too); the totals are plain sums
 (:meth:`EvalTotals.vector` for one all-reduce), and :meth:`EvalTotals.metrics` turns the summed
-totals into ``eval_loss``, ``eval_acc_d``, ``eval_chain_d``, ``eval_tau`` and ``eval_tokens``
+totals into ``eval_loss``, ``eval_acc_d``, ``eval_chain_d``, ``eval_tau``, ``eval_walk_chain_d``,
+``eval_walk_tau`` (the engine's own anchors, `Agreement`) and ``eval_tokens``
 (:meth:`EvalTotals.summary`: the same without prefix and loss, as head files keep it).
 """
 
@@ -35,14 +36,16 @@ class EvalTotals:
     def vector(self, depth: int) -> list[float]:
         a = self.agreement
         pad = [0.0] * depth
-        return [self.loss_sum, self.tokens, *(a.correct or pad), *(a.chain or pad), *(a.count or pad)]
+        return [
+            self.loss_sum, self.tokens, *(a.correct or pad), *(a.chain or pad), *(a.count or pad),
+            *(a.visited or pad), a.visits,
+        ]
 
     @classmethod
     def from_vector(cls, values: Sequence[float], depth: int) -> EvalTotals:
         values = list(values)
-        return cls(values[0], values[1], Agreement(
-            correct=values[2 : 2 + depth], chain=values[2 + depth : 2 + 2 * depth], count=values[2 + 2 * depth :]
-        ))
+        per_depth = [values[2 + i * depth : 2 + (i + 1) * depth] for i in range(4)]
+        return cls(values[0], values[1], Agreement(*per_depth, visits=values[2 + 4 * depth]))
 
     def summary(self) -> dict[str, float]:
         """``acc_d``, ``chain_d``, ``tau`` and ``eval_tokens`` (reply positions counted at depth 1):
@@ -72,7 +75,7 @@ def eval_totals(
     settings (its loss sum and token count stay 0 without). The head's train/eval mode is restored."""
     was_training = head.training
     head.eval()
-    total = Agreement(correct=[0.0] * depth, chain=[0.0] * depth, count=[0.0] * depth)
+    total = Agreement(*([0.0] * depth for _ in range(4)))
     loss_sum = tokens = 0.0
     generator = None
     if loss_config is not None:

@@ -155,11 +155,19 @@ def _step_metrics(step_losses: list[float], agreement: Agreement) -> dict[str, f
 
 @dataclass
 class Agreement:
-    """Summed counts per depth 1..K; merge across batches (or workers) by adding."""
+    """Summed counts per depth 1..K; merge across batches (or workers) by adding.
+
+    `chain` counts every reply row as an anchor. The engine drafts only from the rows its greedy
+    walk reaches (each draft starts right after the last one's accepted run), and those follow a
+    miss more often than not, so `visited` / `visits` count the chain at those anchors alone: the
+    acceptance the engine measures when it decodes the same reply at K = depth.
+    """
 
     correct: list[float] = field(default_factory=list)
     chain: list[float] = field(default_factory=list)
     count: list[float] = field(default_factory=list)
+    visited: list[float] = field(default_factory=list)
+    visits: float = 0.0
 
     @classmethod
     def from_grid(cls, correct: torch.Tensor, fed_ok: torch.Tensor, counted: torch.Tensor) -> Agreement:
@@ -167,22 +175,31 @@ class Agreement:
         fed_ok [B, n, K]: the token fed at depth d (d >= 1) is the target's own top-1."""
         chain = torch.cumprod((correct & fed_ok).long(), dim=-1).bool()
         counted_f = counted.float()
+        visited, visits = _walk(chain & counted, counted[..., 0])
         return cls(
             correct=(correct.float() * counted_f).sum((0, 1)).tolist(),
             chain=(chain.float() * counted_f).sum((0, 1)).tolist(),
             count=counted_f.sum((0, 1)).tolist(),
+            visited=visited,
+            visits=visits,
         )
 
     def merge(self, other: Agreement) -> Agreement:
         if not self.count:
-            return Agreement(list(other.correct), list(other.chain), list(other.count))
+            return Agreement(list(other.correct), list(other.chain), list(other.count), list(other.visited), other.visits)
         if not other.count:
-            return Agreement(list(self.correct), list(self.chain), list(self.count))
+            return Agreement(list(self.correct), list(self.chain), list(self.count), list(self.visited), self.visits)
         depth = min(len(self.count), len(other.count))
+
+        def add(a: list[float], b: list[float]) -> list[float]:
+            return [x + y for x, y in zip(a[:depth], b[:depth], strict=True)]
+
         return Agreement(
-            [a + b for a, b in zip(self.correct[:depth], other.correct[:depth], strict=True)],
-            [a + b for a, b in zip(self.chain[:depth], other.chain[:depth], strict=True)],
-            [a + b for a, b in zip(self.count[:depth], other.count[:depth], strict=True)],
+            add(self.correct, other.correct),
+            add(self.chain, other.chain),
+            add(self.count, other.count),
+            add(self.visited, other.visited),
+            self.visits + other.visits,
         )
 
     @property
@@ -192,6 +209,10 @@ class Agreement:
     @property
     def chain_rate(self) -> list[float]:
         return [c / n if n else 0.0 for c, n in zip(self.chain, self.count, strict=True)]
+
+    @property
+    def visited_rate(self) -> list[float]:
+        return [c / self.visits if self.visits else 0.0 for c in self.visited]
 
     @property
     def tau(self) -> float:
@@ -204,7 +225,28 @@ class Agreement:
             out[f"{prefix}chain_{d}"] = c
         if self.count:
             out[f"{prefix}tau"] = self.tau
+        if self.visits:
+            out.update({f"{prefix}walk_chain_{d}": v for d, v in enumerate(self.visited_rate, start=1)})
+            out[f"{prefix}walk_tau"] = 1.0 + sum(self.visited_rate)
         return out
+
+
+def _walk(accepted: torch.Tensor, anchors: torch.Tensor) -> tuple[list[float], float]:
+    """Greedy chain verification's walk over each row: the prefill emits the first reply token,
+    then each draft from anchor a accepts its run of `accepted` [B, n, K] (cumulative per depth)
+    and the next starts one past it (the bonus token). `anchors` [B, n]: the rows whose next token
+    is a reply token. Returns the per-depth acceptance summed over the anchors reached, and how
+    many there were."""
+    accepted_rows, anchor_rows = accepted.long().tolist(), anchors.tolist()
+    visited = [0.0] * accepted.shape[-1]
+    visits = 0
+    for per_anchor, row in zip(accepted_rows, anchor_rows, strict=True):
+        a = row.index(True) + 1 if True in row else len(row)
+        while a < len(row) and row[a]:
+            visited = [v + x for v, x in zip(visited, per_anchor[a], strict=True)]
+            visits += 1
+            a += sum(per_anchor[a]) + 1
+    return visited, float(visits)
 
 
 def _grid(hb: HeadBatch, preds: list[torch.Tensor]) -> Agreement:

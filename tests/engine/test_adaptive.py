@@ -88,6 +88,18 @@ def test_off_probes_now_and_then_and_live_acceptance_turns_it_back_on():
     assert p.choose(1, CONTEXT) > 0
 
 
+def test_a_probe_waits_until_its_catch_up_is_a_small_share_of_the_time_off():
+    def first_probe(catch_up_ms: float) -> int:
+        step_costs = costs(verify_per_token=0.05, draft_per_step=0.2)
+        step_costs.catch_up = {r: catch_up_ms for r in ROWS}
+        p = policy(step_costs, rate=0.05, probe_every=8)
+        return next(step for step in range(10_000) if p.choose(16, CONTEXT, 300))
+
+    assert first_probe(0.0) == 7
+    # 16 rows x 288 columns x 0.01 ms = 46 ms of catch-up, 2 % of ~27 ms steps off: ~86 steps
+    assert 80 < first_probe(0.01) < 95
+
+
 def test_no_probes_where_even_a_perfect_draft_could_not_pay():
     p = policy(costs(verify_per_token=4.0, draft_per_step=20.0, base=0.0), rate=0.8, probe_every=4)
     assert not any(p.could_pay(rows, CONTEXT) for rows in ROWS)
@@ -108,6 +120,9 @@ def test_auto_k_is_lossless_and_counts_k_per_step(llama_with_heads, method, tree
     assert sum(engine.stats.k_histogram.values()) == engine.stats.decode_steps
     assert set(engine.stats.k_histogram) <= {0, *range(1, engine.proposer.k + 1)}
     assert engine.policy.costs.rows == [1, 2, 3]
+    catch_up = engine.policy.costs.catch_up
+    assert set(catch_up) == (set() if method == "ngram" else {1, 2, 3})  # prompt lookup has no head to catch up
+    assert all(v >= 0 for v in catch_up.values())
 
 
 def run_live(p: AdaptivePolicy, rows: int, steps: int, slowdown: dict[bool, float]) -> list[int]:
@@ -134,15 +149,16 @@ def test_while_drafting_a_plain_step_now_and_then_measures_the_baseline():
     p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, refresh_every=16)
     picks = run_live(p, 1, 100, {False: 1.0, True: 1.0})
     plain = [i for i, k in enumerate(picks) if k == 0]
-    gaps = {b - a for a, b in zip(plain, plain[1:], strict=False)}
-    assert len(plain) >= 5 and gaps == {18}, plain  # a plain step once its last is more than 16 steps old
+    gaps = [b - a for a, b in zip(plain, plain[1:], strict=False)]
+    # one plain step once the last is more than 2 steps old until 3 are timed, then more than 16
+    assert len(plain) >= 6 and gaps[:2] == [4, 4] and set(gaps[2:]) == {18}, plain
     assert len(set(picks) - {0}) == 1
 
 
 def test_a_dear_catch_up_is_priced_into_switching_speculation_on():
     p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, probe_every=10**9)
     far_behind = 200  # columns the head must catch up on (a long prompt, or many steps off)
-    assert p.choose(4, CONTEXT, far_behind) > 0  # no catch-up measured yet: calibration alone
+    assert p.choose(4, CONTEXT, far_behind) > 0  # the calibration measured no catch-up cost
     k = p.current
     catch_up_cost = 4 * p.extra_catch_up(far_behind)  # 1 ms a row and column
     p.observe_time(4, k, CONTEXT, far_behind, p.costs.step(4, k, CONTEXT) + catch_up_cost)
@@ -152,13 +168,34 @@ def test_a_dear_catch_up_is_priced_into_switching_speculation_on():
     assert p.choose(4, CONTEXT, 1) > 0  # a head that is not behind drafts
 
 
-def test_catching_up_on_rows_that_joined_while_drafting_is_drafting_s_own_cost():
-    p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, probe_every=10**9)
+def test_the_calibrated_catch_up_prices_the_first_switch():
+    step_costs = costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0)
+    step_costs.catch_up = {r: 1.0 for r in ROWS}  # 1 ms a row and column, as calibration measured it
+    p = policy(step_costs, rate=0.8, probe_every=10**9)
+    assert step_costs.catch_up_column(3) == 1.0 and step_costs.catch_up_column(64) == 1.0
+    assert p.choose(4, CONTEXT, 200) == 0  # no live switch timed yet: the calibration's price holds
+    assert p.choose(4, CONTEXT, 1) > 0
+
+
+def test_a_switch_must_pay_back_before_the_rows_finish():
+    step_costs = costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0)
+    step_costs.catch_up = {r: 0.1 for r in ROWS}  # 4 rows x 188 columns: 75 ms of catch-up
+    assert policy(step_costs, rate=0.8, probe_every=10**9).choose(4, CONTEXT, 200) > 0
+    assert policy(step_costs, rate=0.8, probe_every=10**9).choose(4, CONTEXT, 200, tokens_left=6) == 0
+
+
+def test_the_head_s_pass_over_arriving_prompts_is_drafting_s_cost():
+    """While drafting, the head prefills every prompt that arrives: a stream of long prompts
+    prices drafting out, and a long catch-up teaches the catch-up price, not drafting's ratio."""
+    step_costs = costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0)
+    step_costs.catch_up = {r: 0.5 for r in ROWS}  # 0.5 ms a head token
+    p = policy(step_costs, rate=0.8, probe_every=10**9)
     k = p.choose(4, CONTEXT)
     assert k > 0
-    p.observe_time(4, k, CONTEXT, 1, p.costs.step(4, k, CONTEXT))  # drafting, steady
-    for _ in range(20):  # requests keep arriving: each drafting step catches up on a new prompt, 3x dearer
-        k = p.choose(4, CONTEXT, 200)
-        p.observe_time(4, k, CONTEXT, 200 if k else 0, (3.0 if k else 1.0) * p.costs.step(4, k, CONTEXT))
-    assert not p.catch_up_seconds and p.live.ratio(4, drafting=True) >= 2
-    assert p.current == 0
+    p.observe_time(4, k, CONTEXT, 200, p.costs.step(4, k, CONTEXT) + 4 * p.extra_catch_up(200) * 0.5)
+    assert p.catch_up_seconds[-1] == pytest.approx(0.5) and p.live.count(4, drafting=True) == 0
+    for _ in range(40):  # 128 prompt tokens arrive every step: 64 ms of head prefill a step
+        p.observe_prefill(128)
+        k = p.choose(4, CONTEXT)
+        p.observe_time(4, k, CONTEXT, 1, p.costs.step(4, k, CONTEXT))
+    assert p.prefill_tokens == pytest.approx(128, rel=0.02) and p.current == 0

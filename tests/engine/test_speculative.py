@@ -69,6 +69,24 @@ def test_greedy_speculation_with_attention_in_runs_of_rows_equals_baseline(
     assert any(cut) or method == "eagle"  # the EAGLE head drafts a tree: one call over the batch
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_the_head_keeps_up_with_prefills(llama_with_heads, prompts, baseline, method):
+    """Prompts of up to 41 tokens prefilled 16 at a time: the head processes each chunk with the
+    target's prefill, so no draft starts by catching up on a whole prompt."""
+    target, heads = llama_with_heads
+    engine = build_engine(target, CONFIG, method, heads[method], 3)
+    width, propose, widths = engine.proposer.catch_up_width, engine.proposer.propose, []
+
+    def spying_propose(rows, k):
+        widths.append(width(rows))
+        return propose(rows, k)
+
+    engine.proposer.propose = spying_propose
+    results = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))
+    assert [r.token_ids for r in results] == baseline
+    assert widths and max(widths) <= 3 + 2, widths  # the last draft's accepted tokens, the bonus, the first token
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen3_moe"])
 def test_greedy_speculation_on_other_architectures(arch, prompts):
     target = Target(random_model(arch, seed=2))

@@ -156,3 +156,41 @@ def test_time_budget_stops_training(target, clock):
     config = TrainConfig(epochs=100, batch_size=2, ttt_steps=2, max_seconds=1e-6, clock=clock)
     _, result = train_head(target, "eagle3", data, None, config, draft_vocab_size=64, progress=False)
     assert result.steps == 1 and result.cpu_seconds > 0
+
+
+def test_agreement_walks_the_engines_anchors():
+    """The prefill emits the first reply token; the walk drafts from there, then one past each
+    accepted run."""
+    correct = torch.tensor([[[True, True, False], [True, True, True], [False, True, True],
+                             [True, False, False], [True, True, True], [False, False, False]]])
+    counted = torch.ones_like(correct)
+    counted[0, 0] = False  # a prompt row; row 1 predicts the first reply token, the walk starts at 2
+    a = Agreement.from_grid(correct, torch.ones_like(correct), counted)
+    # row 2 accepts 0 -> row 3 accepts 1 -> row 5 accepts 0 -> past the end
+    assert a.visits == 3 and a.visited == [1.0, 0.0, 0.0]
+    assert a.summary()["walk_tau"] == pytest.approx(4 / 3)
+    merged = a.merge(a)
+    assert merged.visits == 6 and merged.visited_rate == pytest.approx([1 / 3, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("method,k", [("eagle3", 3), ("peagle", 4)])
+def test_walk_acceptance_is_what_the_engine_measures(sharp_target, method, k):
+    """Greedy decoding's per-position acceptance is the trainer's agreement at the anchors the
+    engine's walk reaches on the same replies. Only each reply's last draft may differ: the engine
+    counts drafts accepted past max_tokens, which the reply does not hold."""
+    from aerie.engine import EngineConfig, SamplingParams
+    from aerie.engine.build import build_engine
+
+    target = sharp_target
+    data = greedy_examples(target, count=6)
+    config = TrainConfig(epochs=30, batch_size=6, lr=3e-3, peagle_depths=k, eval_depth=k, ttt_steps=2)
+    head, _ = train_head(target, method, data, None, config, draft_vocab_size=VOCAB, progress=False)
+    prompts = [e.input_ids[:6] for e in data]
+    engine = build_engine(target, EngineConfig(max_slots=1, max_len=64), method, head, k)
+    replies = [engine.generate([p], SamplingParams(max_tokens=40))[0].token_ids for p in prompts]
+    ev = evaluate(head, target, [Example(p + r, [False] * 6 + [True] * len(r)) for p, r in zip(prompts, replies)], k)
+    engine_rates = engine.spec.per_position_acceptance
+    walk = [ev[f"walk_chain_{d}"] for d in range(1, k + 1)]
+    assert 0 < engine_rates[-1] and engine_rates[0] < 1
+    assert walk[0] == pytest.approx(engine_rates[0])
+    assert walk == pytest.approx(engine_rates, abs=len(prompts) / engine.spec.drafts)
