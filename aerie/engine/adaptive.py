@@ -20,7 +20,9 @@ cost more, and not by the same factor for every K, so each prediction is scaled 
 of that kind (K = 0, drafting) cost against their calibration at that batch size (`LiveCosts`).
 
 K = 0 unless the best K's predicted gain beats K = 0 by `margin`; the current K is kept unless
-another beats it by `hysteresis`, so a constant load does not flip K every step. K = 0 is the
+another beats it by `hysteresis`, so a constant load does not flip K every step, and drafting is
+turned off only when K = 0 beats it by `off_hysteresis` (turning it back on costs a catch-up on
+every row prefilled meanwhile: flipping at a marginal load costs more than either choice). K = 0 is the
 baseline's own step (the target forward and verification of `none`; the only extra is keeping the
 target features the head will need when speculation resumes). While K = 0 wins, a probe drafts
 anyway now and then so the acceptance estimate cannot go stale: after `probe_every` steps off, and,
@@ -216,6 +218,7 @@ class AdaptivePolicy:
         acceptance: Acceptance,
         margin: float = 0.03,
         hysteresis: float = 0.02,
+        off_hysteresis: float = 0.08,
         probe_every: int = 32,
         max_probe_every: int = 512,
         confident_drafts: int = 64,
@@ -229,6 +232,7 @@ class AdaptivePolicy:
         self.acceptance = acceptance
         self.margin = margin
         self.hysteresis = hysteresis
+        self.off_hysteresis = off_hysteresis
         self.probe_every = probe_every
         self.max_probe_every = max_probe_every
         self.confident_drafts = confident_drafts
@@ -293,7 +297,8 @@ class AdaptivePolicy:
         best = max(self.depths, key=scores.__getitem__)
         if scores[best] < scores[0] * (1 + self.margin):
             best = 0
-        if best != self.current and scores[best] < scores[self.current] * (1 + self.hysteresis):
+        keep = 1 + (self.off_hysteresis if self.current and not best else self.hysteresis)
+        if best != self.current and scores[best] < scores[self.current] * keep:
             best = self.current
         self.current = best
         if best:

@@ -11,7 +11,9 @@ The engine asks for `k` tokens each step (at most the proposer's `k`; adaptive s
 fewer, or none). A head keeps its own slot KV cache. Its input at position p pairs token t_p with
 the target's feature from position p-1, so after every target forward the engine hands the
 proposer the new features of the committed positions (`observe`), and the next `propose` first
-catches the head up on every position the target has verified since, then drafts. Draft-time
+catches the head up on every position the target has verified since, then drafts. While the engine
+drafts, the head also passes over each prefill chunk right after the target (`prefill`), so a new
+row's first draft does not start with its whole prompt, padded to the longest catch-up in the batch. Draft-time
 cache columns past the verified positions are overwritten by the next catch-up: rolling the head
 back is free, as it is for the target. Head position p lives in cache column p - 1 (position 0
 has no preceding feature). A catch-up only counts once its step succeeds (`observe`), so a step

@@ -72,6 +72,23 @@ def test_constant_load_does_not_oscillate():
         assert len(set(picks[1:])) == 1, (rows, picks)
 
 
+def test_drafting_stays_on_until_plain_steps_win_clearly():
+    p = policy(costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0), rate=0.8, probe_every=10**9)
+    k = p.choose(4, CONTEXT)
+    edge = p.goodput(4, k, CONTEXT) / p.goodput(4, 0, CONTEXT)  # drafting's lead at calibrated cost
+    for _ in range(3):
+        p.live.record(4, drafting=False, ratio=1.0)  # plain steps cost what calibration says
+
+    def drafting_costs(times: float) -> int:
+        for _ in range(16):  # live drafting steps `times` dearer than the break-even point
+            p.live.record(4, drafting=True, ratio=edge * times)
+        p.choose(4, CONTEXT)
+        return p.current
+
+    assert drafting_costs(1.05) == k  # plain steps 5 % better: flipping would cost more
+    assert drafting_costs(1.12) == 0
+
+
 def test_off_probes_now_and_then_and_live_acceptance_turns_it_back_on():
     p = policy(costs(verify_per_token=0.05, draft_per_step=0.2), rate=0.05, probe_every=8, max_probe_every=64,
                confident_drafts=2)
