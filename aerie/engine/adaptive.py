@@ -288,12 +288,17 @@ class AdaptivePolicy:
             seconds += switch / steps + self.prefill_tokens * self.costs.head_token_seconds
         return rows * tokens / seconds
 
-    def choose(self, rows: int, context: int, catch_up: int = 0, tokens_left: float = math.inf) -> int:
+    def choose(
+        self, rows: int, context: int, catch_up: int = 0, tokens_left: float = math.inf, joining: int = 0
+    ) -> int:
         """K for `rows` decoding rows attending to `context` columns each, the head `catch_up`
         positions behind on the row furthest behind, the rows `tokens_left` tokens from their
-        max_tokens on average."""
+        max_tokens on average, `joining` more rows prefilling. While off, drafting must also pay
+        at the batch the joining rows are about to make (a burst of arrivals starts with a few
+        rows decoding, where drafting always pays, for a step or two)."""
         switch = self.switch_seconds(rows, catch_up)
-        scores = {k: self.goodput(rows, k, context, switch, tokens_left) for k in [0, *self.depths]}
+        at = rows if self.current else rows + joining
+        scores = {k: self.goodput(at, k, context, switch, tokens_left) for k in [0, *self.depths]}
         best = max(self.depths, key=scores.__getitem__)
         if scores[best] < scores[0] * (1 + self.margin):
             best = 0
@@ -377,7 +382,9 @@ class FixedK:
     def drafting(self) -> bool:
         return self.k > 0
 
-    def choose(self, rows: int, context: int, catch_up: int = 0, tokens_left: float = math.inf) -> int:
+    def choose(
+        self, rows: int, context: int, catch_up: int = 0, tokens_left: float = math.inf, joining: int = 0
+    ) -> int:
         return self.k
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:

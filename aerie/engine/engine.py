@@ -248,7 +248,8 @@ class Engine:
         else:
             context, catch_up = self._attended_context(rows), self.proposer.catch_up_width(rows)
             tokens_left = sum(r.params.max_tokens - len(r.output_ids) for r in rows) / len(rows)
-            k = self.policy.choose(len(rows), context, catch_up, tokens_left)
+            joining = len(self.scheduler.running) - len(rows)
+            k = self.policy.choose(len(rows), context, catch_up, tokens_left, joining)
         draft = self.proposer.propose(rows, k) if k else None
         if draft is not None and draft.parents is not None:
             outputs = self._decode_tree(rows, draft)

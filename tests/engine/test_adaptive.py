@@ -89,6 +89,12 @@ def test_drafting_stays_on_until_plain_steps_win_clearly():
     assert drafting_costs(1.12) == 0
 
 
+def test_off_drafting_must_pay_at_the_batch_the_joining_rows_make():
+    step_costs = costs(verify_per_token=4.0, draft_per_step=0.5, base=10.0, per_row=1.0)
+    assert policy(step_costs, rate=0.8).choose(1, CONTEXT) > 0  # one row: verification is cheap
+    assert policy(step_costs, rate=0.8).choose(1, CONTEXT, joining=31) == 0
+
+
 def test_off_probes_now_and_then_and_live_acceptance_turns_it_back_on():
     p = policy(costs(verify_per_token=0.05, draft_per_step=0.2), rate=0.05, probe_every=8, max_probe_every=64,
                confident_drafts=2)
