@@ -22,8 +22,8 @@ of that kind (K = 0, drafting) cost against their calibration at that batch size
 K = 0 unless the best K's predicted gain beats K = 0 by `margin`; the current K is kept unless
 another beats it by `hysteresis`, so a constant load does not flip K every step, and drafting is
 turned off only when K = 0 beats it by `off_hysteresis` (turning it back on costs a catch-up on
-every row prefilled meanwhile: flipping at a marginal load costs more than either choice). K = 0 is the
-baseline's own step (the target forward and verification of `none`; the only extra is keeping the
+every row prefilled meanwhile: flipping at a marginal load costs more than either choice). K = 0
+is the baseline's own step (the target forward and verification of `none`; the only extra is keeping the
 target features the head will need when speculation resumes). While K = 0 wins, a probe drafts
 anyway now and then so the acceptance estimate cannot go stale: after `probe_every` steps off, and,
 once `confident_drafts` live drafts outweigh the seed, twice as long after each probe that did not
@@ -31,9 +31,9 @@ turn speculation back on (up to `max_probe_every`); only where drafting could pa
 all (a perfect draft beating K = 0), and only once the probe's predicted extra cost, its catch-up
 included, is at most `probe_budget` of the time spent off since the last one (at a high batch size
 the head is far behind on every row, and a probe there is the dearest step there is). Otherwise
-K = 0 costs what `none` costs. K is chosen for
-the whole batch (per-request K would split the verify forward's shape and save little: rows that
-accept little cost little extra in a batched verify).
+K = 0 costs what `none` costs. K is chosen for the whole batch (per-request K would split the
+verify forward's shape and save little: rows that accept little cost little extra in a batched
+verify).
 """
 
 from __future__ import annotations

@@ -185,10 +185,9 @@ class Agreement:
         )
 
     def merge(self, other: Agreement) -> Agreement:
-        if not self.count:
-            return Agreement(list(other.correct), list(other.chain), list(other.count), list(other.visited), other.visits)
-        if not other.count:
-            return Agreement(list(self.correct), list(self.chain), list(self.count), list(self.visited), self.visits)
+        if not self.count or not other.count:
+            only = other if not self.count else self
+            return Agreement(list(only.correct), list(only.chain), list(only.count), list(only.visited), only.visits)
         depth = min(len(self.count), len(other.count))
 
         def add(a: list[float], b: list[float]) -> list[float]:

@@ -188,7 +188,8 @@ def test_walk_acceptance_is_what_the_engine_measures(sharp_target, method, k):
     prompts = [e.input_ids[:6] for e in data]
     engine = build_engine(target, EngineConfig(max_slots=1, max_len=64), method, head, k)
     replies = [engine.generate([p], SamplingParams(max_tokens=40))[0].token_ids for p in prompts]
-    ev = evaluate(head, target, [Example(p + r, [False] * 6 + [True] * len(r)) for p, r in zip(prompts, replies)], k)
+    examples = [Example(p + r, [False] * 6 + [True] * len(r)) for p, r in zip(prompts, replies, strict=True)]
+    ev = evaluate(head, target, examples, k)
     engine_rates = engine.spec.per_position_acceptance
     walk = [ev[f"walk_chain_{d}"] for d in range(1, k + 1)]
     assert 0 < engine_rates[-1] and engine_rates[0] < 1
