@@ -257,6 +257,11 @@ class AdaptivePolicy:
         """Whether the last choice drafted: the head then keeps up with prefills as they happen."""
         return self.current > 0
 
+    @property
+    def prefill_seconds(self) -> float:
+        """What drafting adds to a step for the head's pass over the prompts prefilled meanwhile."""
+        return self.prefill_tokens * self.costs.head_token_seconds
+
     def step_seconds(self, rows: int, k: int, context: int) -> float:
         """Predicted seconds of a step drafting `k`: the calibration, scaled to live steps."""
         return self.costs.step(rows, k, context) * self.live.ratio(rows, k > 0)
@@ -285,7 +290,7 @@ class AdaptivePolicy:
         seconds = self.step_seconds(rows, k, context)
         if k:
             steps = min(self.horizon, max(1.0, tokens_left / tokens))
-            seconds += switch / steps + self.prefill_tokens * self.costs.head_token_seconds
+            seconds += switch / steps + self.prefill_seconds
         return rows * tokens / seconds
 
     def choose(
@@ -335,7 +340,7 @@ class AdaptivePolicy:
         Where it could not (e.g. verification too dear at a high batch size), probing only costs:
         a probe's head catch-up over every token since the last draft is the dearest step there is."""
         baseline = 1 / self.step_seconds(rows, 0, context)
-        spread = switch / self._probe_interval + self.prefill_tokens * self.costs.head_token_seconds
+        spread = switch / self._probe_interval + self.prefill_seconds
         return any(
             (1 + k) / (self.step_seconds(rows, k, context) + spread) > baseline * (1 + self.margin)
             for k in self.depths

@@ -13,9 +13,9 @@ the target's feature from position p-1, so after every target forward the engine
 proposer the new features of the committed positions (`observe`), and the next `propose` first
 catches the head up on every position the target has verified since, then drafts. While the engine
 drafts, the head also passes over each prefill chunk right after the target (`prefill`), so a new
-row's first draft does not start with its whole prompt, padded to the longest catch-up in the batch. Draft-time
-cache columns past the verified positions are overwritten by the next catch-up: rolling the head
-back is free, as it is for the target. Head position p lives in cache column p - 1 (position 0
+row's first draft does not start with its whole prompt, padded to the longest catch-up in the
+batch. Draft-time cache columns past the verified positions are overwritten by the next catch-up:
+rolling the head back is free, as it is for the target. Head position p lives in cache column p - 1 (position 0
 has no preceding feature). A catch-up only counts once its step succeeds (`observe`), so a step
 that fails can be run again.
 """
@@ -141,8 +141,7 @@ class HeadProposer(Proposer):
         step or two behind instead of catching up on a whole prompt padded to the longest one."""
         batch: list[tuple[Request, torch.Tensor]] = []
         for request in rows:
-            pending = self._pending[request.slot]
-            features = pending[0] if len(pending) == 1 else torch.cat(pending)
+            features = self._pending_features(request.slot)
             if features.shape[0] > 1:  # the newest feature pairs with a token still to come
                 batch.append((request, features))
         if not batch:
@@ -158,6 +157,11 @@ class HeadProposer(Proposer):
             self._seen[request.slot] += len(block)
             self._pending[request.slot] = [features[-1:]]
 
+    def _pending_features(self, slot: int) -> torch.Tensor:
+        """The target features observed in `slot` since the head's last pass, as one tensor."""
+        pending = self._pending[slot]
+        return pending[0] if len(pending) == 1 else torch.cat(pending)
+
     def _catch_up_inputs(self, rows: list[Request]) -> tuple[list[list[int]], list[torch.Tensor], list[int]]:
         """Per row: the tokens at the positions the head has not seen, their preceding target
         features, and the committed head columns before them. Staged until the step succeeds."""
@@ -165,8 +169,7 @@ class HeadProposer(Proposer):
         for request in rows:
             slot, start = request.slot, self._seen[request.slot]
             tokens.append(request.tokens_from(start))
-            pending = self._pending[slot]
-            features.append(pending[0] if len(pending) == 1 else torch.cat(pending))
+            features.append(self._pending_features(slot))
             prefix.append(start - 1)
             if features[-1].shape[0] != len(tokens[-1]):
                 raise RuntimeError(f"slot {slot}: {features[-1].shape[0]} features for {len(tokens[-1])} tokens")
