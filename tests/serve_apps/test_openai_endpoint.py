@@ -198,6 +198,11 @@ def test_full_queue_gets_429_and_disconnects_free_their_slots(api, model):
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
 
 
+def _samples(text: str, name: str) -> str:
+    """The export's lines of one metric."""
+    return "\n".join(line for line in text.splitlines() if line.startswith(name + "{"))
+
+
 def _metric(text: str, name: str, **tags: str) -> float:
     """Sum of a metric's samples (over replicas) whose tags include `tags`; 0 when absent."""
     total = 0.0
@@ -209,33 +214,39 @@ def _metric(text: str, name: str, **tags: str) -> float:
 
 
 def test_metrics_reach_rays_prometheus_endpoint(api, ray_local):
+    _, config = api
     port = ray_local.nodes()[0]["MetricsExportPort"]
+
+    def metric(text: str, name: str, **tags: str) -> float:
+        """This application's samples only: other modules' deployments export the same names into
+        the same Ray session, and Ray keeps a deleted replica's series."""
+        return _metric(text, name, application=config.name, **tags)
 
     def scrape() -> str | None:
         """The export once it shows the disconnects and the running gauge back at 0 (Ray's agent
         exports a gauge's latest value some seconds late; a slot that never frees times out)."""
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         ready = (
-            _metric(text, "ray_aerie_requests_total", status="499") >= 8
-            and _metric(text, "ray_aerie_spec_decode_num_drafts_total") > 0
-            and "ray_aerie_num_requests_running" in text
-            and _metric(text, "ray_aerie_num_requests_running") == 0
+            metric(text, "ray_aerie_requests_total", status="499") >= 8
+            and metric(text, "ray_aerie_spec_decode_num_drafts_total") > 0
+            and f'application="{config.name}"' in _samples(text, "ray_aerie_num_requests_running")
+            and metric(text, "ray_aerie_num_requests_running") == 0
         )
         return text if ready else None
 
     text = wait_for(scrape, timeout=45, interval=1.0)
     live = stats(api)
-    assert _metric(text, "ray_aerie_requests_total", status="429") >= 1
-    assert _metric(text, "ray_aerie_requests_total", status="400") >= 10
-    drafts = _metric(text, "ray_aerie_spec_decode_num_drafts_total")
-    accepted = _metric(text, "ray_aerie_spec_decode_num_accepted_tokens_total")
+    assert metric(text, "ray_aerie_requests_total", status="429") >= 1
+    assert metric(text, "ray_aerie_requests_total", status="400") >= 10
+    drafts = metric(text, "ray_aerie_spec_decode_num_drafts_total")
+    accepted = metric(text, "ray_aerie_spec_decode_num_accepted_tokens_total")
     assert 0 < drafts <= live["spec_decode"]["num_drafts"]
-    assert _metric(text, "ray_aerie_spec_decode_num_draft_tokens_total") == pytest.approx(3 * drafts)
-    assert _metric(text, "ray_aerie_spec_decode_num_accepted_tokens_per_pos_total", position="0") <= drafts
+    assert metric(text, "ray_aerie_spec_decode_num_draft_tokens_total") == pytest.approx(3 * drafts)
+    assert metric(text, "ray_aerie_spec_decode_num_accepted_tokens_per_pos_total", position="0") <= drafts
     assert accepted <= 3 * drafts
-    assert _metric(text, "ray_aerie_spec_decode_steps_total", k="3") > 0
-    assert _metric(text, "ray_aerie_time_to_first_token_seconds_count") > 0
-    assert _metric(text, "ray_aerie_generation_tokens_total") > 0
+    assert metric(text, "ray_aerie_spec_decode_steps_total", k="3") > 0
+    assert metric(text, "ray_aerie_time_to_first_token_seconds_count") > 0
+    assert metric(text, "ray_aerie_generation_tokens_total") > 0
 
 
 def test_captured_traffic_ingests_and_adds_up(api, served_target_dir, tmp_path):
