@@ -44,6 +44,7 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -94,12 +95,17 @@ class Acceptance:
 
     def expected_tokens(self, k: int) -> float:
         """E(K): mean tokens a row gains from one step that drafts K."""
+        return self.gains(k)[-1]
+
+    def gains(self, k: int) -> list[float]:
+        """[E(0), E(1), ..., E(K)]: a row with room for only n more tokens gains E(min(K, n - 1))
+        (its draft past the room is verified and thrown away)."""
         match = self.drafted / self.offered if self.offered else 1.0
-        total, chain = 1.0, 1.0
+        totals, chain = [1.0], 1.0
         for position in range(min(k, self.depth)):
             chain *= self.accepted[position] / self.reached[position] if self.reached[position] else 0.0
-            total += match * chain
-        return total
+            totals.append(totals[-1] + match * chain)
+        return totals
 
 
 @dataclass
@@ -280,25 +286,31 @@ class AdaptivePolicy:
         return self.costs.catch_up_column(rows) * rows * extra
 
     def goodput(
-        self, rows: int, k: int, context: int, switch: float = 0.0, tokens_left: float = math.inf
+        self, rows: int, k: int, context: int, switch: float = 0.0, tokens_left: Sequence[int] = ()
     ) -> float:
-        """Predicted tokens per second of a step drafting `k` for `rows` rows of `context` tokens;
-        a `switch` cost (the catch-up a first drafting step pays) is spread over the steps the rows
-        still have to go at that K (`tokens_left` each), at most `horizon`, and drafting pays the
-        head's pass over the prompts prefilled meanwhile."""
-        tokens = self.acceptance.expected_tokens(k)
+        """Predicted tokens per second of a step drafting `k` for `rows` rows of `context` tokens,
+        the decoding rows `tokens_left` tokens from their max_tokens (none given: unbounded); a
+        `switch` cost (the catch-up a first drafting step pays) is spread over the steps the rows
+        still have to go at that K, at most `horizon`, and drafting pays the head's pass over the
+        prompts prefilled meanwhile."""
+        gains = self.acceptance.gains(k)
+        if tokens_left:
+            tokens = statistics.fmean(gains[max(1, min(len(gains), left)) - 1] for left in tokens_left)
+            left = statistics.fmean(tokens_left)
+        else:
+            tokens, left = gains[-1], math.inf
         seconds = self.step_seconds(rows, k, context)
         if k:
-            steps = min(self.horizon, max(1.0, tokens_left / tokens))
+            steps = min(self.horizon, max(1.0, left / tokens))
             seconds += switch / steps + self.prefill_seconds
         return rows * tokens / seconds
 
     def choose(
-        self, rows: int, context: int, catch_up: int = 0, tokens_left: float = math.inf, joining: int = 0
+        self, rows: int, context: int, catch_up: int = 0, tokens_left: Sequence[int] = (), joining: int = 0
     ) -> int:
         """K for `rows` decoding rows attending to `context` columns each, the head `catch_up`
         positions behind on the row furthest behind, the rows `tokens_left` tokens from their
-        max_tokens on average, `joining` more rows prefilling. While off, drafting must also pay
+        max_tokens each (none given: unbounded), `joining` more rows prefilling. While off, drafting must also pay
         at the batch the joining rows are about to make (a burst of arrivals starts with a few
         rows decoding, where drafting always pays, for a step or two)."""
         switch = self.switch_seconds(rows, catch_up)
@@ -388,7 +400,7 @@ class FixedK:
         return self.k > 0
 
     def choose(
-        self, rows: int, context: int, catch_up: int = 0, tokens_left: float = math.inf, joining: int = 0
+        self, rows: int, context: int, catch_up: int = 0, tokens_left: Sequence[int] = (), joining: int = 0
     ) -> int:
         return self.k
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from aerie.target.model import RECURRENT_LAYER_TYPE, Target
-from aerie.target.segmented_attention import Segment
+from aerie.target.segmented_attention import Run, Segment
 
 
 class SlotKVCache:
@@ -65,8 +65,8 @@ class SlotKVCache:
         self._row_index = torch.zeros(0, 1, dtype=torch.long, device=device)
         self._write_pos = torch.zeros(0, 1, dtype=torch.long, device=device)
         self._kv_len = 0
-        self.segments: list[Segment] | None = None
-        """Runs of batch rows whose attention reads only their own longest context (set by `bind`)."""
+        self.segments: list[Run] | None = None
+        """Runs of batch rows, each reading its own columns of its own key rows (set by `bind`)."""
 
     @classmethod
     def for_config(
@@ -94,16 +94,26 @@ class SlotKVCache:
         kv_len: int,
         slot_index: torch.Tensor | None = None,
         segments: list[Segment] | None = None,
+        by_runs: bool = False,
     ) -> None:
         """Route the next forward: batch row b is slot `slot_ids[b]`; its new token i is written at
         column `write_pos[b, i]` (the scratch column for padding); attention reads `kv_len` columns
         (or each run of `segments` its own). `slot_index` is `slot_index(slot_ids)` when the caller
-        already has it."""
-        self.segments = segments
+        already has it. `by_runs`: the caller's attention reads `self.segments`, so where the slots
+        are not adjacent `update` returns the whole pool's columns and each run reads its own slots
+        (no gather); otherwise it returns the batch's rows, gathered if need be."""
         first = slot_ids[0]
         contiguous = slot_ids == list(range(first, first + len(slot_ids)))
+        pooled = by_runs and not contiguous
         self._row_index = self.slot_index(slot_ids) if slot_index is None else slot_index
-        self._rows = slice(first, first + len(slot_ids)) if contiguous else self._row_index[:, 0]
+        if contiguous:
+            self._rows = slice(first, first + len(slot_ids))
+        else:
+            self._rows = slice(None) if pooled else self._row_index[:, 0]
+        if pooled:
+            self.segments = pool_runs(slot_ids, segments or [(0, len(slot_ids), kv_len)])
+        else:
+            self.segments = [(a, b, n, a) for a, b, n in segments] if segments else None
         self._write_pos = write_pos
         self._kv_len = kv_len
 
@@ -126,6 +136,19 @@ class SlotKVCache:
         for keys, values in zip(self.keys.values(), self.values.values(), strict=True):
             keys[rows, :, dst] = keys[rows, :, src]
             values[rows, :, dst] = values[rows, :, src]
+
+
+def pool_runs(slot_ids: list[int], segments: list[Segment]) -> list[Run]:
+    """`segments` cut again wherever the next row's slot is not the one after: each run then reads
+    its key rows straight from the pool, starting at its first row's slot."""
+    runs: list[Run] = []
+    for a, b, n in segments:
+        start = a
+        for row in range(a + 1, b + 1):
+            if row == b or slot_ids[row] != slot_ids[row - 1] + 1:
+                runs.append((start, row, n, slot_ids[start]))
+                start = row
+    return runs
 
 
 def attention_shape(config) -> tuple[int, int]:
@@ -214,9 +237,15 @@ class HybridSlotCache(SlotKVCache):
         self._covered[slot] = 0
 
     def bind(
-        self, slot_ids: list[int], write_pos: torch.Tensor, kv_len: int, slot_index: torch.Tensor | None = None
+        self,
+        slot_ids: list[int],
+        write_pos: torch.Tensor,
+        kv_len: int,
+        slot_index: torch.Tensor | None = None,
+        segments: list[Segment] | None = None,
+        by_runs: bool = False,
     ) -> None:
-        super().bind(slot_ids, write_pos, kv_len, slot_index)
+        super().bind(slot_ids, write_pos, kv_len, slot_index, segments, by_runs)
         self._slot_ids = list(slot_ids)
         self._inputs, self._staged_conv, self._staged_recurrent = {}, {}, {}
 

@@ -247,7 +247,7 @@ class Engine:
             k = self.proposer.k
         else:
             context, catch_up = self._attended_context(rows), self.proposer.catch_up_width(rows)
-            tokens_left = sum(r.params.max_tokens - len(r.output_ids) for r in rows) / len(rows)
+            tokens_left = [r.params.max_tokens - len(r.output_ids) for r in rows]
             joining = len(self.scheduler.running) - len(rows)
             k = self.policy.choose(len(rows), context, catch_up, tokens_left, joining)
         draft = self.proposer.propose(rows, k) if k else None
@@ -358,7 +358,13 @@ class Engine:
         """One target forward: row b appends its first `lengths[b]` of `input_ids` [B, W] after its
         `starts[b]` cached tokens (a chain, or a tree with node `depths` and ancestor `block` mask)."""
         layout = BlockLayout.build(starts, lengths, self.cache.scratch, self.device, depths=depths, block=block)
-        self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len)
+        self.cache.bind(
+            [r.slot for r in rows],
+            layout.write_pos,
+            layout.kv_len,
+            segments=self._segments(starts, lengths),
+            by_runs=self.target.segmented_attention,
+        )
         return self.target.forward(
             input_ids,
             layout.positions,
@@ -366,7 +372,7 @@ class Engine:
             self.cache,
             logits_at=logits_at,
             features=features,
-            segments=self._segments(starts, lengths),
+            segments=self.cache.segments,
         )
 
     def _segments(self, starts: list[int], lengths: list[int]) -> list[Segment] | None:

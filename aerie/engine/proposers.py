@@ -190,7 +190,7 @@ class HeadProposer(Proposer):
         layout = BlockLayout.build(prefix, lengths, self.cache.scratch, self.device, position_offset=1)
         width = layout.valid.shape[1]
         segments = segments_on(self.device, [p + n for p, n in zip(prefix, lengths, strict=True)])
-        self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len, segments=segments)
+        self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len, segments=segments, by_runs=True)
         return self.head(
             pad_rows(tokens, width, self.device),
             layout.positions,
@@ -215,7 +215,7 @@ class HeadProposer(Proposer):
         (`kv_len` columns in all, or each run of `segments` its own)."""
         write = columns[:, None]
         mask = torch.arange(kv_len, device=self.device)[None, None, None, :] <= write[:, None, :, None]
-        self.cache.bind(slot_ids, write, kv_len, slot_index, segments=segments)
+        self.cache.bind(slot_ids, write, kv_len, slot_index, segments=segments, by_runs=True)
         return self.head(tokens, write + 1, hidden=hidden, attention_mask=mask, cache=self.cache)
 
     def _choose(self, rows: list[Request], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -6,8 +6,8 @@ Parameter names follow the Hugging Face / vLLM Llama layout (`self_attn.q_proj`,
 Attention takes an optional `cache` with the slot-cache protocol of `aerie.engine.cache.SlotKVCache`:
 `update(key_states [B, kv_heads, q, D], value_states, layer_idx) -> (keys [B, kv_heads, kv, D], values)`.
 Keys are stored after RoPE. The mask is boolean, `[B, 1, q, kv]`, True = attend. A cache whose
-`segments` are set (runs of rows, `aerie.target.segmented_attention`) has each run read only its own
-longest context.
+`segments` are set (`aerie.target.segmented_attention.Run`) has each run of rows read only its own
+columns of its own key rows (the keys `update` returned may then be the whole slot pool's).
 """
 
 from __future__ import annotations
@@ -146,12 +146,13 @@ class Attention(nn.Module):
         key, value = key.to(query.dtype), value.to(query.dtype)
         gqa = self.kv_heads != self.num_heads
         segments = getattr(cache, "segments", None) if mask.shape[0] == batch else None
-        if segments:  # runs of rows, each reading only its own longest context (the slot cache's)
+        if segments:  # runs of rows, each reading its own columns of its own key rows (the slot cache's)
             out = torch.cat([
                 F.scaled_dot_product_attention(
-                    query[a:b], key[a:b, :, :n], value[a:b, :, :n], attn_mask=mask[a:b, :, :, :n], enable_gqa=gqa
+                    query[a:b], key[s : s + b - a, :, :n], value[s : s + b - a, :, :n],
+                    attn_mask=mask[a:b, :, :, :n], enable_gqa=gqa,
                 )
-                for a, b, n in segments
+                for a, b, n, s in segments
             ])
         else:
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=gqa)

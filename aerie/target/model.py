@@ -135,7 +135,7 @@ class Target:
         cache: object | None = None,
         logits_at: torch.Tensor | None = None,
         features: FeatureKind | None = None,
-        segments: list[segmented_attention.Segment] | None = None,
+        segments: list[segmented_attention.Run] | None = None,
     ) -> TargetOutput:
         """One forward over `input_ids` [B, q] (no grad: the target is frozen; features may feed a
         head being trained, which inference-mode tensors could not).
@@ -143,7 +143,8 @@ class Target:
         `logits_at` is a boolean [B, q] mask or None (all positions); logits come back flattened
         to [N, V] in row-major order when it is given, else as [B, q, V]. `features` asks for the
         EAGLE-3 fused taps ([B, q, 3H]) or the last hidden state ([B, q, H]). `segments` are runs
-        of rows whose attention reads only their own longest context (with `segmented_attention`).
+        of rows whose attention reads only their own columns of their own key rows (with
+        `segmented_attention`; the slot cache's `segments` after its `bind`).
         """
         extra = {segmented_attention.SEGMENTS: segments} if segments and self.segmented_attention else {}
         self._captured = {} if features == "eagle3" else None

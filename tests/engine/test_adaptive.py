@@ -49,6 +49,18 @@ def test_expected_tokens_follow_the_chain_rates():
     assert acceptance.expected_tokens(1) < 1 + 0.8
 
 
+def test_a_row_gains_no_more_than_its_room():
+    """A draft past a row's max_tokens is verified and thrown away: rows one token from the end
+    gain nothing from drafting, rows two from the end at most one draft token."""
+    p = policy(costs(verify_per_token=0.05, draft_per_step=0.5), rate=0.9, probe_every=10**9)
+    unbounded = p.goodput(4, 5, CONTEXT)
+    assert p.goodput(4, 5, CONTEXT, tokens_left=[2] * 4) == pytest.approx(
+        unbounded * p.acceptance.expected_tokens(1) / p.acceptance.expected_tokens(5)
+    )
+    assert p.choose(4, CONTEXT) > 0
+    assert p.choose(4, CONTEXT, tokens_left=[1] * 4) == 0
+
+
 def test_expensive_verification_or_low_acceptance_turns_speculation_off():
     expensive = policy(costs(verify_per_token=4.0, draft_per_step=0.5, base=0.0), rate=0.8)
     assert all(expensive.choose(rows, CONTEXT) == 0 for rows in ROWS)
@@ -204,7 +216,7 @@ def test_a_switch_must_pay_back_before_the_rows_finish():
     step_costs = costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0)
     step_costs.catch_up = {r: 0.1 for r in ROWS}  # 4 rows x 188 columns: 75 ms of catch-up
     assert policy(step_costs, rate=0.8, probe_every=10**9).choose(4, CONTEXT, 200) > 0
-    assert policy(step_costs, rate=0.8, probe_every=10**9).choose(4, CONTEXT, 200, tokens_left=6) == 0
+    assert policy(step_costs, rate=0.8, probe_every=10**9).choose(4, CONTEXT, 200, tokens_left=[6] * 4) == 0
 
 
 def test_the_head_s_pass_over_arriving_prompts_is_drafting_s_cost():

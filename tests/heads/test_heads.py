@@ -116,9 +116,11 @@ def test_cache_path_equals_no_cache_path(target, method):
     torch.testing.assert_close(hidden, full.hidden, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("by_runs", [False, True])
 @pytest.mark.parametrize("method", ["eagle3", "peagle"])
-def test_engine_slot_cache_protocol(target, method):
-    """The head runs on the engine's SlotKVCache: prefill 5 tokens, then 3 one at a time."""
+def test_engine_slot_cache_protocol(target, method, by_runs):
+    """The head runs on the engine's SlotKVCache: prefill 5 tokens, then 3 one at a time, in slots
+    2 and 0 (gathered, or read by runs straight from the pool)."""
     head = make_head(target, method)
     ids, pos, feats = inputs(target, head, q=8)
     cache = SlotKVCache(
@@ -134,7 +136,8 @@ def test_engine_slot_cache_protocol(target, method):
         full = head(ids, pos, features=feats)
         slots = [2, 0]
         cols = torch.arange(5).expand(2, 5)
-        cache.bind(slots, cols, kv_len=5)
+        cache.bind(slots, cols, kv_len=5, by_runs=by_runs)
+        assert (cache.segments is not None) == by_runs
         first = head(
             ids[:, :5],
             pos[:, :5],
@@ -144,7 +147,7 @@ def test_engine_slot_cache_protocol(target, method):
         )
         outs = [first.logits]
         for i in range(5, 8):
-            cache.bind(slots, torch.full((2, 1), i), kv_len=i + 1)
+            cache.bind(slots, torch.full((2, 1), i), kv_len=i + 1, by_runs=by_runs)
             mask = torch.ones(2, 1, 1, i + 1, dtype=torch.bool)
             outs.append(
                 head(

@@ -9,6 +9,7 @@ import random
 import torch
 from random_models import random_model
 
+from aerie.engine.cache import pool_runs
 from aerie.target import Target
 from aerie.target.segmented_attention import NAME, segmented_sdpa, segments
 
@@ -61,9 +62,19 @@ def test_runs_give_the_padded_batch_attention_exactly() -> None:
     whole, _ = segmented_sdpa(module, query, key, value, mask, scaling=dim**-0.5)
     runs = segments(kv_lens, call_cost=0)
     assert runs is not None and len(runs) > 1
-    cut, _ = segmented_sdpa(module, query, key, value, mask, aerie_segments=runs, scaling=dim**-0.5)
+    cut, _ = segmented_sdpa(
+        module, query, key, value, mask, aerie_segments=[(a, b, n, a) for a, b, n in runs], scaling=dim**-0.5
+    )
     torch.testing.assert_close(cut, whole, rtol=1e-5, atol=1e-6)
     assert target.segmented_attention
+    # The same rows spread over a pool of 9 slots (1, 2, 5, 6, 7): each run reads its own slots.
+    slots = [1, 2, 5, 6, 7]
+    pool_key, pool_value = torch.randn(9, *key.shape[1:]), torch.randn(9, *value.shape[1:])
+    pool_key[slots], pool_value[slots] = key, value
+    pooled = pool_runs(slots, [(0, rows, max(kv_lens))])
+    assert pooled == [(0, 2, 40, 1), (2, 5, 40, 5)]
+    spread, _ = segmented_sdpa(module, query, pool_key, pool_value, mask, aerie_segments=pooled, scaling=dim**-0.5)
+    torch.testing.assert_close(spread, whole, rtol=1e-5, atol=1e-6)
 
 
 def test_other_attention_implementations_are_left_alone() -> None:
