@@ -6,15 +6,18 @@
 Three arms on the same prompts (held-out chat prompts of the target's traffic, greedy): plain
 decoding, each static K (the best per concurrency is reported), and k="auto". Closed loop: at
 concurrency c the engine has c slots and 2c requests (at least `--min-requests`), so c requests
-are always in flight. Arms run interleaved, repeat after repeat, and each figure is the median
-over repeats. Prints a table per head (output tok/s, adaptive / plain, adaptive / best static),
-the K histogram of the adaptive arm at concurrency 1 and 16, the calibration time, and writes
-`<out>/adaptive.json` and `<out>/adaptive_<method>.png`.
+are always in flight. Arms run interleaved, in reverse order every other repeat (the machine's
+speed drifts: a fixed order put auto, last, in the same slot every time), with garbage collected
+before each timed run, and each figure is the median over repeats. Prints a table per head
+(output tok/s, adaptive / plain, adaptive / best static), the K histogram of the adaptive arm at
+concurrency 1 and 16, the calibration time, and writes `<out>/adaptive.json` and
+`<out>/adaptive_<method>.png`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -40,6 +43,7 @@ def run_arm(target, method, head, k, prompts, concurrency, max_tokens, min_reque
     batch = [prompts[i % len(prompts)] for i in range(count)]
     config = EngineConfig(max_slots=concurrency, max_len=max(map(len, prompts)) + max_tokens + 8)
     engine = build_engine(target, config, method, head, k)
+    gc.collect()  # the previous arms' engines: their pause belongs to no arm
     start = time.perf_counter()
     outputs = engine.generate(batch, SamplingParams(max_tokens=max_tokens))
     seconds = time.perf_counter() - start
@@ -82,7 +86,7 @@ def main() -> None:
         cells: dict[tuple[int, str], list[dict]] = defaultdict(list)
         for repeat in range(args.repeats):
             for c in levels:
-                for name, arm_method, k in arms:
+                for name, arm_method, k in arms if repeat % 2 == 0 else arms[::-1]:
                     cells[c, name].append(
                         run_arm(target, arm_method, head, k, prompts, c, args.max_tokens, args.min_requests)
                     )

@@ -306,14 +306,23 @@ class AdaptivePolicy:
         return rows * tokens / seconds
 
     def choose(
-        self, rows: int, context: int, catch_up: int = 0, tokens_left: Sequence[int] = (), joining: int = 0
+        self,
+        rows: int,
+        context: int,
+        catch_up: int = 0,
+        tokens_left: Sequence[int] = (),
+        joining: int = 0,
+        backlog: int = 0,
     ) -> int:
         """K for `rows` decoding rows attending to `context` columns each, the head `catch_up`
         positions behind on the row furthest behind, the rows `tokens_left` tokens from their
-        max_tokens each (none given: unbounded), `joining` more rows prefilling. While off, drafting must also pay
-        at the batch the joining rows are about to make (a burst of arrivals starts with a few
-        rows decoding, where drafting always pays, for a step or two)."""
-        switch = self.switch_seconds(rows, catch_up)
+        max_tokens each (none given: unbounded), `joining` more rows prefilling with `backlog`
+        prompt tokens still to go. While off, drafting must also pay at the batch the joining rows
+        are about to make (a burst of arrivals starts with a few rows decoding, where drafting
+        always pays, for a step or two). Drafting while they prefill means the head passes over
+        their backlog too: that is paid back like a catch-up (at 32 slots, a step or two of drafting
+        in a burst's ramp-up cost the head's pass over ~4500 prompt tokens, ~4 % of the run)."""
+        switch = self.switch_seconds(rows, catch_up) + backlog * self.costs.head_token_seconds
         at = rows if self.current else rows + joining
         scores = {k: self.goodput(at, k, context, switch, tokens_left) for k in [0, *self.depths]}
         best = max(self.depths, key=scores.__getitem__)
@@ -400,7 +409,13 @@ class FixedK:
         return self.k > 0
 
     def choose(
-        self, rows: int, context: int, catch_up: int = 0, tokens_left: Sequence[int] = (), joining: int = 0
+        self,
+        rows: int,
+        context: int,
+        catch_up: int = 0,
+        tokens_left: Sequence[int] = (),
+        joining: int = 0,
+        backlog: int = 0,
     ) -> int:
         return self.k
 
@@ -429,8 +444,8 @@ def measure_costs(engine: Engine, depths: list[int]) -> StepCosts:
     prefilled, then decoded with each K in turn, round after round. Runs on an idle engine (no
     request holds a slot) and leaves nothing behind: the requests are cancelled and the step
     counters cleared. Steps are timed at the shortest, middle and longest K and interpolated
-    between (every proposer's cost grows step by step with K); each table is made non-decreasing
-    in K, so one noisy measurement cannot make more work look cheaper. The first drafting step at
+    between (every proposer's cost grows step by step with K); the table is made non-decreasing
+    in K, rows and context, so one noisy measurement cannot make more work look cheaper. The first drafting step at
     the longest context catches the head up on the whole prompt: what it costs over that K's
     fastest step, per row and column, prices a switch before the policy has timed one live."""
     if engine.requests:
@@ -476,6 +491,7 @@ def measure_costs(engine: Engine, depths: list[int]) -> StepCosts:
             engine.cancel(request_id)
         engine.policy = None
         engine.stats, engine.spec = StepStats(), SpecCounters()
+    _monotone(seconds, grid, contexts, [0, *depths])
     return StepCosts(grid, contexts, seconds, catch_up)
 
 
@@ -500,12 +516,25 @@ def _fill_between(table: dict[tuple, float], point: tuple, keys: list[int], know
                 table[(*point, k)] = table[(*point, low)] * (1 - share) + table[(*point, high)] * share
 
 
+def _monotone(table: dict[tuple, float], grid: list[int], contexts: list[int], keys: list[int]) -> None:
+    """More rows or a longer context cost at least as much: a grid point measured during a slow
+    spell of a shared machine otherwise makes its neighbours look cheap (a 32-slot calibration
+    timed K = 5 at 44.5 ms with 32-token rows and 32.5 ms with 512-token rows), and at a high
+    batch size that made drafting look 30-40 % ahead where every static K tied plain decoding."""
+    for k in keys:
+        for i, rows in enumerate(grid):
+            for j, context in enumerate(contexts):
+                below = [table[grid[i - 1], context, k]] if i else []
+                shorter = [table[rows, contexts[j - 1], k]] if j else []
+                table[rows, context, k] = max([table[rows, context, k], *below, *shorter])
+
+
 def _non_decreasing(table: dict[tuple, float], point: tuple, keys: list[int]) -> None:
     for previous, k in zip(keys, keys[1:], strict=False):
         table[(*point, k)] = max(table[(*point, k)], table[(*point, previous)])
 
 
-COST_MODEL = "whole-step-v3"
+COST_MODEL = "whole-step-v4"
 """Bumped when what `measure_costs` measures changes, so no cached calibration of another kind is read."""
 
 

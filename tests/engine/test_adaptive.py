@@ -7,7 +7,7 @@ import pytest
 from random_models import hf_greedy, random_prompts
 
 from aerie.engine import EngineConfig, SamplingParams
-from aerie.engine.adaptive import Acceptance, AdaptivePolicy, StepCosts
+from aerie.engine.adaptive import Acceptance, AdaptivePolicy, StepCosts, _monotone
 from aerie.engine.build import build_engine
 
 DEPTHS = [1, 2, 3, 4, 5]
@@ -61,6 +61,15 @@ def test_a_row_gains_no_more_than_its_room():
     assert p.choose(4, CONTEXT, tokens_left=[1] * 4) == 0
 
 
+def test_calibration_never_prices_more_work_cheaper():
+    """A grid point timed during a slow spell must not make a bigger one look cheap."""
+    table = {(1, 32, 0): 5.0, (1, 512, 0): 4.0, (2, 32, 0): 4.5, (2, 512, 0): 6.0,
+             (1, 32, 1): 9.0, (1, 512, 1): 8.0, (2, 32, 1): 12.0, (2, 512, 1): 7.0}
+    _monotone(table, [1, 2], [32, 512], [0, 1])
+    assert table == {(1, 32, 0): 5.0, (1, 512, 0): 5.0, (2, 32, 0): 5.0, (2, 512, 0): 6.0,
+                     (1, 32, 1): 9.0, (1, 512, 1): 9.0, (2, 32, 1): 12.0, (2, 512, 1): 12.0}
+
+
 def test_expensive_verification_or_low_acceptance_turns_speculation_off():
     expensive = policy(costs(verify_per_token=4.0, draft_per_step=0.5, base=0.0), rate=0.8)
     assert all(expensive.choose(rows, CONTEXT) == 0 for rows in ROWS)
@@ -105,6 +114,13 @@ def test_off_drafting_must_pay_at_the_batch_the_joining_rows_make():
     step_costs = costs(verify_per_token=4.0, draft_per_step=0.5, base=10.0, per_row=1.0)
     assert policy(step_costs, rate=0.8).choose(1, CONTEXT) > 0  # one row: verification is cheap
     assert policy(step_costs, rate=0.8).choose(1, CONTEXT, joining=31) == 0
+
+
+def test_drafting_pays_for_the_head_s_pass_over_the_prompts_still_to_prefill():
+    step_costs = costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0)
+    step_costs.catch_up = {r: 0.5 for r in ROWS}  # 0.5 ms a head token
+    assert policy(step_costs, rate=0.8, probe_every=10**9).choose(2, CONTEXT, joining=2, backlog=20) > 0
+    assert policy(step_costs, rate=0.8, probe_every=10**9).choose(2, CONTEXT, joining=2, backlog=2000) == 0
 
 
 def test_off_probes_now_and_then_and_live_acceptance_turns_it_back_on():
