@@ -347,7 +347,7 @@ class AdaptivePolicy:
         if (
             self._off_steps >= self._probe_interval
             and probe_cost <= self.probe_budget * self._off_seconds
-            and self.could_pay(rows, context, switch)
+            and self.could_pay(rows, context, switch, tokens_left)
         ):
             self._off_steps, self._off_seconds = 0, 0.0
             if self.acceptance.observed >= self.confident_drafts:
@@ -355,15 +355,22 @@ class AdaptivePolicy:
             return probe
         return 0
 
-    def could_pay(self, rows: int, context: int, switch: float = 0.0) -> bool:
-        """Whether drafting could beat K = 0 at this load even if every draft token were accepted,
-        the catch-up it starts with (`switch` seconds) spread over the steps until the next probe.
-        Where it could not (e.g. verification too dear at a high batch size), probing only costs:
-        a probe's head catch-up over every token since the last draft is the dearest step there is."""
+    def could_pay(
+        self, rows: int, context: int, switch: float = 0.0, tokens_left: Sequence[int] = ()
+    ) -> bool:
+        """Whether drafting could beat K = 0 at this load even if every draft token within the rows'
+        room (`tokens_left`) were accepted, the catch-up it starts with (`switch` seconds) spread
+        over the steps until the next probe. Where it could not (e.g. verification too dear at a
+        high batch size, or rows a token from their end), probing only costs: a probe's head
+        catch-up over every token since the last draft is the dearest step there is."""
         baseline = 1 / self.step_seconds(rows, 0, context)
         spread = switch / self._probe_interval + self.prefill_seconds
+
+        def perfect(k: int) -> float:
+            return statistics.fmean(min(1 + k, max(1, left)) for left in tokens_left) if tokens_left else 1 + k
+
         return any(
-            (1 + k) / (self.step_seconds(rows, k, context) + spread) > baseline * (1 + self.margin)
+            perfect(k) / (self.step_seconds(rows, k, context) + spread) > baseline * (1 + self.margin)
             for k in self.depths
         )
 

@@ -139,6 +139,13 @@ def test_off_probes_now_and_then_and_live_acceptance_turns_it_back_on():
     assert p.choose(1, CONTEXT) > 0
 
 
+def test_no_probe_for_rows_a_token_from_their_end():
+    """A probe there is a catch-up for a draft that cannot be kept (it would only be verified)."""
+    p = policy(costs(verify_per_token=0.05, draft_per_step=0.2), rate=0.05, probe_every=8)
+    assert not any(p.choose(2, CONTEXT, tokens_left=[1, 1]) for _ in range(40))
+    assert any(p.choose(2, CONTEXT, tokens_left=[9, 9]) for _ in range(40))
+
+
 def test_a_probe_waits_until_its_catch_up_is_a_small_share_of_the_time_off():
     def first_probe(catch_up_ms: float) -> int:
         step_costs = costs(verify_per_token=0.05, draft_per_step=0.2)
