@@ -248,9 +248,9 @@ class Engine:
         else:
             context, catch_up = self._attended_context(rows), self.proposer.catch_up_width(rows)
             tokens_left = [r.params.max_tokens - len(r.output_ids) for r in rows]
-            joining = [r for r in self.scheduler.running.values() if r.status is not Status.DECODING]
-            backlog = sum(len(r.prompt_ids) - r.prefilled for r in joining)
-            k = self.policy.choose(len(rows), context, catch_up, tokens_left, len(joining), backlog)
+            joining = len(self.scheduler.running) - len(rows)  # prefilling, or done with it this step
+            backlog = sum(len(r.prompt_ids) - r.prefilled for r in self.scheduler.running.values())
+            k = self.policy.choose(len(rows), context, catch_up, tokens_left, joining, backlog)
         draft = self.proposer.propose(rows, k) if k else None
         if draft is not None and draft.parents is not None:
             outputs = self._decode_tree(rows, draft)
