@@ -492,7 +492,6 @@ def measure_costs(engine: Engine, depths: list[int]) -> StepCosts:
                 for request_id in ids:
                     engine.cancel(request_id)
                 _fill_between(seconds, (rows, context), depths, timed[1:])
-                _non_decreasing(seconds, (rows, context), [0, *depths])
     finally:
         for request_id in list(engine.requests):
             engine.cancel(request_id)
@@ -524,21 +523,20 @@ def _fill_between(table: dict[tuple, float], point: tuple, keys: list[int], know
 
 
 def _monotone(table: dict[tuple, float], grid: list[int], contexts: list[int], keys: list[int]) -> None:
-    """More rows or a longer context cost at least as much: a grid point measured during a slow
-    spell of a shared machine otherwise makes its neighbours look cheap (a 32-slot calibration
-    timed K = 5 at 44.5 ms with 32-token rows and 32.5 ms with 512-token rows), and at a high
-    batch size that made drafting look 30-40 % ahead where every static K tied plain decoding."""
-    for k in keys:
+    """A longer draft, more rows or a longer context cost at least as much: a grid point measured
+    during a slow spell of a shared machine otherwise makes its neighbours look cheap (a 32-slot
+    calibration timed K = 5 at 44.5 ms with 32-token rows and 32.5 ms with 512-token rows), and at
+    a high batch size that made drafting look 30-40 % ahead where every static K tied plain
+    decoding. Each entry becomes the largest at or below it in all three."""
+    for h, k in enumerate(keys):
         for i, rows in enumerate(grid):
             for j, context in enumerate(contexts):
-                below = [table[grid[i - 1], context, k]] if i else []
-                shorter = [table[rows, contexts[j - 1], k]] if j else []
-                table[rows, context, k] = max([table[rows, context, k], *below, *shorter])
-
-
-def _non_decreasing(table: dict[tuple, float], point: tuple, keys: list[int]) -> None:
-    for previous, k in zip(keys, keys[1:], strict=False):
-        table[(*point, k)] = max(table[(*point, k)], table[(*point, previous)])
+                shorter_draft = [table[rows, context, keys[h - 1]]] if h else []
+                fewer_rows = [table[grid[i - 1], context, k]] if i else []
+                shorter_context = [table[rows, contexts[j - 1], k]] if j else []
+                table[rows, context, k] = max(
+                    [table[rows, context, k], *shorter_draft, *fewer_rows, *shorter_context]
+                )
 
 
 COST_MODEL = "whole-step-v4"
