@@ -56,6 +56,8 @@ def generate(
         help="Draft tokens per step (0: the head's default), or 'auto': chosen every step.")] = "0",
     tree: Annotated[bool | None, typer.Option(
         "--tree/--chain", help="Draft a dynamic tree (EAGLE-2 style) or a chain. [default: tree for eagle]")] = None,
+    lookup: Annotated[bool, typer.Option(
+        "--lookup", help="Rows whose context repeats draft by prompt lookup, the others with the head.")] = False,
     max_tokens: Annotated[int, typer.Option(help="Most new tokens per prompt.")] = 64,
     temperature: Annotated[float, typer.Option(help="0 means greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
@@ -82,6 +84,7 @@ def generate(
         head=head,
         k=k if k == "auto" else _int_option(k, "--k"),
         tree=tree,
+        lookup=lookup,
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,

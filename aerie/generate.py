@@ -54,6 +54,7 @@ def run_generate(
     head: str | None = None,
     k: int | str = 0,
     tree: bool | None = None,
+    lookup: bool = False,
     max_tokens: int = 64,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -64,13 +65,13 @@ def run_generate(
     """Yield `{"prompt", "text", "token_ids", "acceptance_length"}` per prompt, in order.
     With `chat`, each text prompt is sent as one user message through the target's chat template;
     a prompt given as messages always is."""
-    check_method(method, head, tree)
+    check_method(method, head, tree, lookup)
     loaded = load_target(target)
     tokenizer = loaded.tokenizer
     inputs = [render_prompt(tokenizer, p, chat) for p in prompts]
     longest = max(len(tokenizer.encode(p, add_special_tokens=False)) for p in inputs)
     config = EngineConfig(max_slots=max_slots, max_len=longest + max_tokens)
-    engine = build_engine(loaded, config, method, head, k, tree=tree)
+    engine = build_engine(loaded, config, method, head, k, tree=tree, lookup=lookup)
     params = [
         SamplingParams(
             max_tokens=max_tokens,

@@ -5,13 +5,17 @@
 
 Three arms on the same prompts (held-out chat prompts of the target's traffic, greedy): plain
 decoding, each static K (the best per concurrency is reported), and k="auto". Closed loop: at
-concurrency c the engine has c slots and 2c requests (at least `--min-requests`), so c requests
-are always in flight. Arms run interleaved, in reverse order every other repeat (the machine's
-speed drifts: a fixed order put auto, last, in the same slot every time), with garbage collected
-before each timed run, and each figure is the median over repeats. Prints a table per head
-(output tok/s, adaptive / plain, adaptive / best static), the K histogram of the adaptive arm at
-concurrency 1 and 16, the calibration time, and writes `<out>/adaptive.json` and
-`<out>/adaptive_<method>.png`.
+concurrency c the engine has c slots and `--requests-per-slot` x c requests (at least
+`--min-requests`), so c requests are in flight until the last wave drains; runs of a second or two
+swung plain decoding by 30 % between repeats on a shared 2-core machine, so each run is several
+seconds long, after an untimed warm-up of every arm. Arms run interleaved, in reverse order every
+other repeat (the machine's speed drifts: a fixed order put auto, last, in the same slot every
+time), with garbage collected before each timed run. Tokens/s are medians over repeats; ratios
+are medians over repeats of one repeat's ratio (arms of one repeat run seconds apart, repeats
+minutes apart), and the best static K is the one with the highest such ratio to plain. Prints a
+table per head (output tok/s, best static / plain, adaptive / plain, adaptive / best static), the
+K histogram of the adaptive arm at concurrency 1 and 16, the calibration time, and writes
+`<out>/adaptive.json` and `<out>/adaptive_<method>.png`.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ from aerie.target import load_target  # noqa: E402
 from aerie.traffic import synthesize  # noqa: E402
 
 
-def run_arm(target, method, head, k, prompts, concurrency, max_tokens, min_requests) -> dict:
-    count = max(min_requests, 2 * concurrency)
+def run_arm(target, method, head, k, prompts, concurrency, max_tokens, requests) -> dict:
+    count = requests(concurrency)
     batch = [prompts[i % len(prompts)] for i in range(count)]
     config = EngineConfig(max_slots=concurrency, max_len=max(map(len, prompts)) + max_tokens + 8)
     engine = build_engine(target, config, method, head, k)
@@ -56,6 +60,12 @@ def run_arm(target, method, head, k, prompts, concurrency, max_tokens, min_reque
     }
 
 
+def paired_ratio(runs: list[dict], over: list[dict]) -> float:
+    """The median over repeats of one repeat's tokens/s ratio: the arms of one repeat run seconds
+    apart, repeats minutes apart, and this box's speed drifts between them."""
+    return statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs, over, strict=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=".aerie/targets/tiny-llama")
@@ -64,7 +74,8 @@ def main() -> None:
     parser.add_argument("--k", default="1,2,3,4,5", help="static K arms")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--min-requests", type=int, default=12)
+    parser.add_argument("--requests-per-slot", type=int, default=4)
+    parser.add_argument("--min-requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", default=".aerie/bench/adaptive")
@@ -75,6 +86,10 @@ def main() -> None:
     exchanges = synthesize(args.prompts, seed=11, tokenizer=target.tokenizer, max_tokens=768, part="eval")
     prompts = chat_prompts(target, exchanges)
     levels = [int(c) for c in args.concurrency.split(",")]
+
+    def requests(concurrency: int) -> int:
+        return max(args.min_requests, args.requests_per_slot * concurrency)
+
     statics = [int(k) for k in args.k.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,32 +98,37 @@ def main() -> None:
         method, _, path = spec.partition("=")
         head = load_head(path, target)
         arms = [("plain", "none", 0)] + [(f"K={k}", method, k) for k in statics] + [("auto", method, "auto")]
+        for _, arm_method, k in arms:  # untimed: a process's first runs are ~20 % slow
+            run_arm(target, arm_method, head, k, prompts, levels[-1], 8, lambda c: c)
         cells: dict[tuple[int, str], list[dict]] = defaultdict(list)
         for repeat in range(args.repeats):
             for c in levels:
                 for name, arm_method, k in arms if repeat % 2 == 0 else arms[::-1]:
                     cells[c, name].append(
-                        run_arm(target, arm_method, head, k, prompts, c, args.max_tokens, args.min_requests)
+                        run_arm(target, arm_method, head, k, prompts, c, args.max_tokens, requests)
                     )
                 print(f"{method} repeat {repeat + 1}/{args.repeats} concurrency {c} done", flush=True)
         rows = []
         print(f"\n{method} ({path}), target {args.target}, {args.max_tokens} tokens per request, greedy, "
               f"median of {args.repeats}")
-        print(f"{'c':>3} {'plain':>8} {'best static':>14} {'auto':>8} {'auto/plain':>10} {'auto/best':>9}  lossless")
+        print(f"{'c':>3} {'plain':>8} {'best static':>14} {'best/plain':>10} {'auto':>8} {'auto/plain':>10} "
+              f"{'auto/best':>9}  lossless")
         for c in levels:
             rate = {name: statistics.median(r["tokens_per_s"] for r in cells[c, name]) for name, _, _ in arms}
-            best = max((name for name, _, _ in arms[1:-1]), key=rate.__getitem__)
+            over_plain = {name: paired_ratio(cells[c, name], cells[c, "plain"]) for name, _, _ in arms[1:]}
+            best = max((name for name, _, _ in arms[1:-1]), key=over_plain.__getitem__)
             plain_out = cells[c, "plain"][0]["outputs"]
             lossless = all(r["outputs"] == plain_out for name, _, _ in arms for r in cells[c, name])
             histogram = sum((Counter(r["k_histogram"]) for r in cells[c, "auto"]), Counter())
             rows.append({
                 "concurrency": c, "plain": rate["plain"], "best_static": best, "best_static_rate": rate[best],
-                "auto": rate["auto"], "auto_over_plain": rate["auto"] / rate["plain"],
-                "auto_over_best": rate["auto"] / rate[best], "static": {n: rate[n] for n, _, _ in arms[1:-1]},
+                "best_static_over_plain": over_plain[best], "auto": rate["auto"], "auto_over_plain": over_plain["auto"],
+                "auto_over_best": paired_ratio(cells[c, "auto"], cells[c, best]),
+                "static": {n: rate[n] for n, _, _ in arms[1:-1]},
                 "k_histogram": {int(k): v for k, v in sorted(histogram.items())}, "lossless": lossless,
             })
-            print(f"{c:3d} {rate['plain']:8.1f} {best:>5} {rate[best]:8.1f} {rate['auto']:8.1f} "
-                  f"{rows[-1]['auto_over_plain']:9.2f}x {rows[-1]['auto_over_best']:8.2f}x  {lossless}")
+            print(f"{c:3d} {rate['plain']:8.1f} {best:>5} {rate[best]:8.1f} {over_plain[best]:9.2f}x "
+                  f"{rate['auto']:8.1f} {over_plain['auto']:9.2f}x {rows[-1]['auto_over_best']:8.2f}x  {lossless}")
         first = {c: cells[c, "auto"][0]["calibration_seconds"] for c in levels}
         cached = [r["calibration_seconds"] for c in levels for r in cells[c, "auto"][1:]]
         for row in rows:

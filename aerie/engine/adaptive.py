@@ -12,9 +12,11 @@ overhead is what speculation amortises, so leaving it out undervalues drafting),
 calibration when the engine starts (`calibrate`: real engine steps over a grid of batch sizes, draft
 lengths and two context lengths, cached per target, head and device); acceptance comes from
 exponentially decayed live counters, seeded with the head's own evaluation when its file has one.
-Drafting first needs the head caught up on every token it has not seen (a new row's whole prompt,
-every token since speculation went off); calibration prices that per row and column, and live
-switches refine it, so turning speculation on must pay the catch-up back within `horizon` steps.
+Drafting first needs the head caught up on every token it has not seen (every token since
+speculation went off, a new row's whole prompt unless the head passed over it as it was prefilled,
+which it does while off too where drafting would pay with the head caught up); calibration prices
+that per row and column, and live switches refine it, so turning speculation on must pay the
+catch-up back within `horizon` steps.
 Calibration runs on an idle engine; under real load (an HTTP server's threads, a busy host) steps
 cost more, and not by the same factor for every K, so each prediction is scaled by what live steps
 of that kind (K = 0, drafting) cost against their calibration at that batch size (`LiveCosts`).
@@ -43,7 +45,7 @@ import json
 import math
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -106,6 +108,27 @@ class Acceptance:
             chain *= self.accepted[position] / self.reached[position] if self.reached[position] else 0.0
             totals.append(totals[-1] + match * chain)
         return totals
+
+
+@dataclass(frozen=True)
+class Room:
+    """The decoding rows' room before their max_tokens: rows by room, capped at `depth` + 1 (no
+    draft of the policy's is cut short past it), and the mean room."""
+
+    rows: dict[int, int]
+    mean: float
+
+    @classmethod
+    def of(cls, tokens_left: Sequence[int], depth: int) -> Room | None:
+        if not tokens_left:
+            return None
+        return cls(Counter(max(1, min(left, depth + 1)) for left in tokens_left), statistics.fmean(tokens_left))
+
+    def tokens(self, gains: list[float]) -> float:
+        """The mean of `gains[K]` over the rows, where a row with room for n more tokens gains
+        `gains[min(K, n - 1)]` (its draft past the room is verified and thrown away)."""
+        total = sum(self.rows.values())
+        return sum(count * gains[min(len(gains), room) - 1] for room, count in self.rows.items()) / total
 
 
 @dataclass
@@ -176,18 +199,25 @@ class LiveCosts:
     largest (throughput follows the mean step; one stall should not decide), the smallest while
     there are only two, while the latest is at most `fresh_steps` decode steps old. A kind with no
     fresh ratio takes the other kind's (load slows both alike until measured otherwise), else 1, so
-    a stale verdict against drafting expires and is measured again."""
+    a stale verdict against drafting expires and is measured again; one with fewer than `settled`
+    takes at most the other kind's (a first drafting step at a new batch size ran 40 % over its
+    calibration once, and kept speculation off for the whole run)."""
 
-    def __init__(self, grid: list[int], window: int = 16, fresh_steps: int = 256) -> None:
+    def __init__(self, grid: list[int], window: int = 16, fresh_steps: int = 256, settled: int = 3) -> None:
         self.grid = grid
         self.window = window
         self.fresh_steps = fresh_steps
+        self.settled = settled
         self.clock = 0
         self._ratios: dict[tuple[int, bool], deque[float]] = {}
+        self._means: dict[tuple[int, bool], float] = {}
         self._seen: dict[tuple[int, bool], int] = {}
+        self._buckets: dict[int, int] = {}
 
     def bucket(self, rows: int) -> int:
-        return min(self.grid, key=lambda point: abs(math.log(point / rows)))
+        if rows not in self._buckets:
+            self._buckets[rows] = min(self.grid, key=lambda point: abs(math.log(point / rows)))
+        return self._buckets[rows]
 
     def record(self, rows: int, drafting: bool, ratio: float) -> None:
         key = (self.bucket(rows), drafting)
@@ -195,6 +225,8 @@ class LiveCosts:
             self._ratios[key] = deque(maxlen=self.window)
         self._ratios[key].append(ratio)
         self._seen[key] = self.clock
+        ratios = sorted(self._ratios[key])
+        self._means[key] = statistics.fmean(ratios[:-1]) if len(ratios) > 2 else ratios[0]
 
     def age(self, rows: int, drafting: bool) -> float:
         """Decode steps since the last ratio of this kind at this batch size (inf: never)."""
@@ -209,11 +241,15 @@ class LiveCosts:
         return len(self._ratios[self.bucket(rows), drafting]) if self.is_fresh(rows, drafting) else 0
 
     def ratio(self, rows: int, drafting: bool) -> float:
-        for kind in (drafting, not drafting):
-            if self.is_fresh(rows, kind):
-                ratios = sorted(self._ratios[self.bucket(rows), kind])
-                return statistics.fmean(ratios[:-1]) if len(ratios) > 2 else ratios[0]
-        return 1.0
+        mine, other = (self._fresh_mean(rows, kind) for kind in (drafting, not drafting))
+        if mine is None:
+            return 1.0 if other is None else other
+        if other is not None and self.count(rows, drafting) < self.settled:
+            return min(mine, other)
+        return mine
+
+    def _fresh_mean(self, rows: int, drafting: bool) -> float | None:
+        return self._means[self.bucket(rows), drafting] if self.is_fresh(rows, drafting) else None
 
 
 class AdaptivePolicy:
@@ -228,7 +264,7 @@ class AdaptivePolicy:
         probe_every: int = 32,
         max_probe_every: int = 512,
         confident_drafts: int = 64,
-        refresh_every: int = 64,
+        refresh_every: int = 192,
         horizon: int = 16,
         probe_budget: float = 0.02,
         min_plain_samples: int = 3,
@@ -285,20 +321,13 @@ class AdaptivePolicy:
             return statistics.median(self.catch_up_seconds) * rows * extra
         return self.costs.catch_up_column(rows) * rows * extra
 
-    def goodput(
-        self, rows: int, k: int, context: int, switch: float = 0.0, tokens_left: Sequence[int] = ()
-    ) -> float:
-        """Predicted tokens per second of a step drafting `k` for `rows` rows of `context` tokens,
-        the decoding rows `tokens_left` tokens from their max_tokens (none given: unbounded); a
-        `switch` cost (the catch-up a first drafting step pays) is spread over the steps the rows
-        still have to go at that K, at most `horizon`, and drafting pays the head's pass over the
-        prompts prefilled meanwhile."""
+    def goodput(self, rows: int, k: int, context: int, switch: float = 0.0, room: Room | None = None) -> float:
+        """Predicted tokens per second of a step drafting `k` for `rows` rows of `context` tokens
+        with `room` before their max_tokens (none given: unbounded); a `switch` cost (the catch-up
+        a first drafting step pays) is spread over the steps the rows still have to go at that K,
+        at most `horizon`, and drafting pays the head's pass over the prompts prefilled meanwhile."""
         gains = self.acceptance.gains(k)
-        if tokens_left:
-            tokens = statistics.fmean(gains[max(1, min(len(gains), left)) - 1] for left in tokens_left)
-            left = statistics.fmean(tokens_left)
-        else:
-            tokens, left = gains[-1], math.inf
+        tokens, left = (gains[-1], math.inf) if room is None else (room.tokens(gains), room.mean)
         seconds = self.step_seconds(rows, k, context)
         if k:
             steps = min(self.horizon, max(1.0, left / tokens))
@@ -322,9 +351,10 @@ class AdaptivePolicy:
         always pays, for a step or two). Drafting while they prefill means the head passes over
         their backlog too: that is paid back like a catch-up (at 32 slots, a step or two of drafting
         in a burst's ramp-up cost the head's pass over ~4500 prompt tokens, ~4 % of the run)."""
-        switch = self.switch_seconds(rows, catch_up) + backlog * self.costs.head_token_seconds
-        at = rows if self.current else rows + joining
-        scores = {k: self.goodput(at, k, context, switch, tokens_left) for k in [0, *self.depths]}
+        switch = self.switch_seconds(rows, catch_up) + (0 if self.current else backlog * self.costs.head_token_seconds)
+        at = rows + joining
+        room = Room.of(tokens_left, self.depths[-1])
+        scores = {k: self.goodput(at, k, context, switch, room) for k in [0, *self.depths]}
         best = max(self.depths, key=scores.__getitem__)
         if scores[best] < scores[0] * (1 + self.margin):
             best = 0
@@ -347,7 +377,7 @@ class AdaptivePolicy:
         if (
             self._off_steps >= self._probe_interval
             and probe_cost <= self.probe_budget * self._off_seconds
-            and self.could_pay(rows, context, switch, tokens_left)
+            and self.could_pay(rows, context, switch, room)
         ):
             self._off_steps, self._off_seconds = 0, 0.0
             if self.acceptance.observed >= self.confident_drafts:
@@ -355,11 +385,25 @@ class AdaptivePolicy:
             return probe
         return 0
 
-    def could_pay(
-        self, rows: int, context: int, switch: float = 0.0, tokens_left: Sequence[int] = ()
-    ) -> bool:
+    def drafts_when_caught_up(self, rows: int, context: int, backlog: int) -> bool:
+        """Whether drafting would beat K = 0 by `margin` at `rows` rows with the head caught up on
+        every row, the head's pass over the `backlog` prompt tokens still to pass (this prefill's
+        included) paid back like a catch-up. While off, this decides whether the head passes over
+        the prompts prefilled now: there the pass is cheap, while a prompt the head skipped is a
+        catch-up later, padded to that row's length on every row, which keeps speculation off for
+        the row's whole life (at 8 slots, a 450-token prompt prefilled during one step off kept it
+        off for 60 steps where drafting was 1.3x plain). The backlog price keeps a burst's ramp-up
+        at a load where drafting will not pay from paying the pass for nothing (3 % of a run at
+        32 slots)."""
+        if self._off_steps > self.horizon:
+            return False
+        switch = backlog * self.costs.head_token_seconds
+        plain = self.goodput(rows, 0, context) * (1 + self.margin)
+        return any(self.goodput(rows, k, context, switch) >= plain for k in self.depths)
+
+    def could_pay(self, rows: int, context: int, switch: float = 0.0, room: Room | None = None) -> bool:
         """Whether drafting could beat K = 0 at this load even if every draft token within the rows'
-        room (`tokens_left`) were accepted, the catch-up it starts with (`switch` seconds) spread
+        `room` were accepted, the catch-up it starts with (`switch` seconds) spread
         over the steps until the next probe. Where it could not (e.g. verification too dear at a
         high batch size, or rows a token from their end), probing only costs: a probe's head
         catch-up over every token since the last draft is the dearest step there is."""
@@ -367,7 +411,8 @@ class AdaptivePolicy:
         spread = switch / self._probe_interval + self.prefill_seconds
 
         def perfect(k: int) -> float:
-            return statistics.fmean(min(1 + k, max(1, left)) for left in tokens_left) if tokens_left else 1 + k
+            every = [1.0 + n for n in range(k + 1)]
+            return every[-1] if room is None else room.tokens(every)
 
         return any(
             perfect(k) / (self.step_seconds(rows, k, context) + spread) > baseline * (1 + self.margin)
@@ -426,6 +471,9 @@ class FixedK:
     ) -> int:
         return self.k
 
+    def drafts_when_caught_up(self, rows: int, context: int, backlog: int) -> bool:
+        return self.k > 0
+
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         pass
 
@@ -454,9 +502,12 @@ def measure_costs(engine: Engine, depths: list[int]) -> StepCosts:
     between (every proposer's cost grows step by step with K); the table is made non-decreasing
     in K, rows and context, so one noisy measurement cannot make more work look cheaper. The first drafting step at
     the longest context catches the head up on the whole prompt: what it costs over that K's
-    fastest step, per row and column, prices a switch before the policy has timed one live."""
+    fastest step, per row and column, prices a switch before the policy has timed one live.
+    Prompt lookup before a head is timed on the head alone: what a lookup saves is not promised."""
     if engine.requests:
         raise RuntimeError("calibration needs an idle engine")
+    proposer = engine.proposer
+    engine.proposer = getattr(proposer, "drafter", proposer)
     config = engine.config
     slots = config.max_slots
     grid = sorted({1, slots} | {2**i for i in range(1, slots.bit_length()) if 2**i < slots})
@@ -496,6 +547,7 @@ def measure_costs(engine: Engine, depths: list[int]) -> StepCosts:
         for request_id in list(engine.requests):
             engine.cancel(request_id)
         engine.policy = None
+        engine.proposer = proposer
         engine.stats, engine.spec = StepStats(), SpecCounters()
     _monotone(seconds, grid, contexts, [0, *depths])
     return StepCosts(grid, contexts, seconds, catch_up)

@@ -227,7 +227,7 @@ class Engine:
             request.prefilled += len(block)
             if out.features is not None:
                 self.proposer.observe(request.slot, out.features[row, : len(block)])
-        if out.features is not None and (self.policy is None or self.policy.drafting):
+        if out.features is not None and self._head_passes_prompts(sum(map(len, blocks))):
             self.proposer.prefill(rows)
         if self.policy is not None:
             self.policy.observe_prefill(len(rows) * width)
@@ -236,6 +236,16 @@ class Engine:
             request.status = Status.DECODING
             outputs.append(self._append(request, [token]))
         return outputs
+
+    def _head_passes_prompts(self, fed: int) -> bool:
+        """Whether the head passes over the `fed` prompt tokens just prefilled: always without a
+        policy, else while drafting or where drafting would pay at the batch the running rows make
+        (the head's pass over every prompt token still to come, these included, counted in)."""
+        if self.policy is None or self.policy.drafting:
+            return True
+        running = self.scheduler.running.values()
+        backlog = fed + sum(len(r.prompt_ids) - r.prefilled for r in running)
+        return self.policy.drafts_when_caught_up(len(running), max(r.length for r in running), backlog)
 
     def _decode(self, rows: list[Request]) -> list[RequestOutput]:
         """Draft, verify all rows in one target forward, keep each row's accepted path + one token.
@@ -246,7 +256,9 @@ class Engine:
         if self.policy is None:
             k = self.proposer.k
         else:
-            context, catch_up = self._attended_context(rows), self.proposer.catch_up_width(rows)
+            context = self._attended_context(rows)
+            # rows that finished prefilling this step decode next: the head's lag on them counts
+            catch_up = self.proposer.catch_up_width(self.scheduler.in_status(Status.DECODING))
             tokens_left = [r.params.max_tokens - len(r.output_ids) for r in rows]
             joining = len(self.scheduler.running) - len(rows)  # prefilling, or done with it this step
             backlog = sum(len(r.prompt_ids) - r.prefilled for r in self.scheduler.running.values())

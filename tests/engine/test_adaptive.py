@@ -7,7 +7,7 @@ import pytest
 from random_models import hf_greedy, random_prompts
 
 from aerie.engine import EngineConfig, SamplingParams
-from aerie.engine.adaptive import Acceptance, AdaptivePolicy, StepCosts, _monotone
+from aerie.engine.adaptive import Acceptance, AdaptivePolicy, Room, StepCosts, _monotone
 from aerie.engine.build import build_engine
 
 DEPTHS = [1, 2, 3, 4, 5]
@@ -54,11 +54,19 @@ def test_a_row_gains_no_more_than_its_room():
     gain nothing from drafting, rows two from the end at most one draft token."""
     p = policy(costs(verify_per_token=0.05, draft_per_step=0.5), rate=0.9, probe_every=10**9)
     unbounded = p.goodput(4, 5, CONTEXT)
-    assert p.goodput(4, 5, CONTEXT, tokens_left=[2] * 4) == pytest.approx(
+    assert p.goodput(4, 5, CONTEXT, room=Room.of([2] * 4, DEPTHS[-1])) == pytest.approx(
         unbounded * p.acceptance.expected_tokens(1) / p.acceptance.expected_tokens(5)
     )
     assert p.choose(4, CONTEXT) > 0
     assert p.choose(4, CONTEXT, tokens_left=[1] * 4) == 0
+
+
+def test_room_averages_each_rows_gain():
+    gains = [1.0, 1.8, 2.4, 2.7]
+    left = [1, 2, 3, 9, 40, 2]
+    room = Room.of(left, depth=3)
+    assert room.mean == pytest.approx(sum(left) / len(left))
+    assert room.tokens(gains) == pytest.approx(sum(gains[min(len(gains), n) - 1] for n in left) / len(left))
 
 
 def test_calibration_never_prices_more_work_cheaper():
