@@ -14,7 +14,8 @@ What a new user does, in one process (no Ray, so every stage is timed alone):
    `--sampled-replies`, extra replies at temperature 0.8), as `aerie ingest --regenerate` does.
 3. Heads trained with `aerie.heads.fit` for `--minutes` of CPU time each (one thread).
 4. Speed at concurrency 1 on the evaluation prompts, greedy, every variant's tokens checked equal to
-   plain decoding: plain, n-gram, each head at each K, EAGLE-3 drafting a tree, Hugging Face
+   plain decoding: plain, n-gram, each head at each K, EAGLE-3 drafting a tree, EAGLE-3 after
+   prompt lookup (`eagle3+lookup`: rows whose last 3 tokens occurred before draft by lookup), Hugging Face
    greedy `generate` and its prompt lookup. Then concurrency 8 for plain and each method's best.
    Reports tok/s ratios, tau, per-position acceptance, the draft/target cost ratio, and, next to
    the engine's acceptance, the trainer's agreement on held-out replies of the TRAINING traffic
@@ -186,9 +187,11 @@ class Timings:
 
 
 def run_engine(target, variant, heads, prompts, max_tokens, concurrency) -> dict:
+    """`variant`: (method, K, tree); a method "eagle3+lookup" drafts by prompt lookup first."""
     method, k, tree = variant
+    method, _, first = method.partition("+")
     config = EngineConfig(max_slots=concurrency, max_len=max(map(len, prompts)) + max_tokens + 16)
-    engine = build_engine(target, config, method, heads.get(method), k, tree=tree)
+    engine = build_engine(target, config, method, heads.get(method), k, tree=tree, lookup=first == "lookup")
     timings = Timings(engine)
     params = SamplingParams(max_tokens=max_tokens)
     start = time.perf_counter()
@@ -277,6 +280,7 @@ def main() -> None:
     variants = [("none", 0, False)] + [("ngram", int(k), False) for k in args.ngram_k.split(",")]
     if "eagle3" in heads:
         variants += [("eagle3", int(k), False) for k in args.k.split(",")] + [("eagle3", args.tree_depth, True)]
+        variants += [("eagle3+lookup", int(k), False) for k in args.k.split(",")]
     if "peagle" in heads:
         variants += [("peagle", int(k), False) for k in args.peagle_k.split(",")]
     results: dict[str, list[dict]] = defaultdict(list)
@@ -310,8 +314,9 @@ def main() -> None:
         print(f"{key:20} {rate:7.1f} {row['speedup']:7.2f}x {row.get('tau', 1.0):5.2f} "
               f"{row.get('draft_over_target', 0.0):12.2f}  {str(lossless):8}  {pp}")
     lookup_rate = table["hf_prompt_lookup"]["tokens_per_s"]
-    best = {m: max((k for k in table if k.startswith(m)), key=lambda k: table[k]["tokens_per_s"])
-            for m in ("ngram", "eagle3", "peagle") if any(k.startswith(m) for k in table)}
+    methods = ("ngram", "eagle3", "eagle3+lookup", "peagle")
+    best = {m: max((k for k in table if k.startswith(f"{m} ")), key=lambda k: table[k]["tokens_per_s"])
+            for m in methods if any(k.startswith(f"{m} ") for k in table)}
     for m, key in best.items():
         print(f"best {m}: {key} {table[key]['speedup']:.2f}x plain, "
               f"{table[key]['tokens_per_s'] / lookup_rate:.2f}x HF prompt lookup")

@@ -346,12 +346,15 @@ class AdaptivePolicy:
         """K for `rows` decoding rows attending to `context` columns each, the head `catch_up`
         positions behind on the row furthest behind, the rows `tokens_left` tokens from their
         max_tokens each (none given: unbounded), `joining` more rows prefilling with `backlog`
-        prompt tokens still to go. While off, drafting must also pay at the batch the joining rows
-        are about to make (a burst of arrivals starts with a few rows decoding, where drafting
-        always pays, for a step or two). Drafting while they prefill means the head passes over
-        their backlog too: that is paid back like a catch-up (at 32 slots, a step or two of drafting
-        in a burst's ramp-up cost the head's pass over ~4500 prompt tokens, ~4 % of the run)."""
-        switch = self.switch_seconds(rows, catch_up) + (0 if self.current else backlog * self.costs.head_token_seconds)
+        prompt tokens still to go. Drafting must pay at the batch the joining rows are about to make
+        (a burst of arrivals starts with a few rows decoding, where drafting always pays, for a step
+        or two). Turning drafting on while they prefill means the head passes over their backlog
+        too: that is paid back like a catch-up (at 32 slots, a step or two of drafting in a burst's
+        ramp-up cost the head's pass over ~4500 prompt tokens, ~4 % of the run). Staying on does not
+        pay it again: the steady price of prompts arriving is `prefill_seconds`, and turning off for
+        one long prompt left the head behind on it for its whole life."""
+        backlog_seconds = 0.0 if self.current else backlog * self.costs.head_token_seconds
+        switch = self.switch_seconds(rows, catch_up) + backlog_seconds
         at = rows + joining
         room = Room.of(tokens_left, self.depths[-1])
         scores = {k: self.goodput(at, k, context, switch, room) for k in [0, *self.depths]}
@@ -394,7 +397,9 @@ class AdaptivePolicy:
         the row's whole life (at 8 slots, a 450-token prompt prefilled during one step off kept it
         off for 60 steps where drafting was 1.3x plain). The backlog price keeps a burst's ramp-up
         at a load where drafting will not pay from paying the pass for nothing (3 % of a run at
-        32 slots)."""
+        32 slots), and so does passing only within `horizon` steps of the last draft: past that the
+        rows decoding meanwhile are far behind, no draft follows soon, and the passes of every
+        new wave of prompts at 32 slots were paid for nothing."""
         if self._off_steps > self.horizon:
             return False
         switch = backlog * self.costs.head_token_seconds
