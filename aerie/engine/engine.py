@@ -244,8 +244,13 @@ class Engine:
         if self.policy is None or self.policy.drafting:
             return True
         running = self.scheduler.running.values()
-        backlog = fed + sum(len(r.prompt_ids) - r.prefilled for r in running)
-        return self.policy.drafts_when_caught_up(len(running), max(r.length for r in running), backlog)
+        return self.policy.drafts_when_caught_up(
+            len(running), max(r.length for r in running), fed + self._prompt_backlog()
+        )
+
+    def _prompt_backlog(self) -> int:
+        """Prompt tokens the running rows still have to prefill."""
+        return sum(len(r.prompt_ids) - r.prefilled for r in self.scheduler.running.values())
 
     def _decode(self, rows: list[Request]) -> list[RequestOutput]:
         """Draft, verify all rows in one target forward, keep each row's accepted path + one token.
@@ -261,8 +266,7 @@ class Engine:
             catch_up = self.proposer.catch_up_width(self.scheduler.in_status(Status.DECODING))
             tokens_left = [r.params.max_tokens - len(r.output_ids) for r in rows]
             joining = len(self.scheduler.running) - len(rows)  # prefilling, or done with it this step
-            backlog = sum(len(r.prompt_ids) - r.prefilled for r in self.scheduler.running.values())
-            k = self.policy.choose(len(rows), context, catch_up, tokens_left, joining, backlog)
+            k = self.policy.choose(len(rows), context, catch_up, tokens_left, joining, self._prompt_backlog())
         draft = self.proposer.propose(rows, k) if k else None
         if draft is not None and draft.parents is not None:
             outputs = self._decode_tree(rows, draft)
