@@ -5,23 +5,27 @@
 
 Three arms on the same prompts (held-out chat prompts of the target's traffic, greedy): plain
 decoding, each static K (the best per concurrency is reported), and k="auto". Closed loop: at
-concurrency c the engine has c slots and `--requests-per-slot` x c requests (at least
-`--min-requests`), so c requests are in flight until the last wave drains; runs of a second or two
-swung plain decoding by 30 % between repeats on a shared 2-core machine, so each run is several
-seconds long, after an untimed warm-up of every arm. Arms run interleaved, in reverse order every
-other repeat (the machine's speed drifts: a fixed order put auto, last, in the same slot every
-time), with garbage collected before each timed run. Tokens/s are medians over repeats; ratios
-are medians over repeats of one repeat's ratio (arms of one repeat run seconds apart, repeats
-minutes apart), and the best static K is the one with the highest such ratio to plain. Prints a
-table per head (output tok/s, best static / plain, adaptive / plain, adaptive / best static), the
-K histogram of the adaptive arm at concurrency 1 and 16, the calibration time, and writes
-`<out>/adaptive.json` and `<out>/adaptive_<method>.png`.
+concurrency c each arm's engine has c slots and `--requests-per-slot` x c requests (at least
+`--min-requests`), so c requests are in flight until the last wave drains.
+
+This box's speed drifts by tens of percent within seconds (plain decoding at 16 slots, in
+back-to-back runs of 2.3 s: CV 0.09-0.12, lag-1 autocorrelation 0.5-0.8; process CPU time swings
+with it, so it is the CPU's speed, not waiting), and arms run one after another, even each between
+two plain runs, read ratios 10-15 % apart from one round to the next. So the arms run
+interleaved step by step: every arm's engine holds the same requests and takes one timed step in
+turn (`run_interleaved`), and an arm's tokens/s is its tokens over its own steps' seconds. Ratios
+are medians over `--repeats` rounds of one round's ratio, after an untimed warm-up of every arm;
+the best static K is the one with the highest ratio to plain. Prints a table per head (output
+tok/s, best static / plain, adaptive / plain, adaptive / best static), the K histogram of the
+adaptive arm at concurrency 1 and 16, the calibration time, and writes `<out>/adaptive.json` and
+`<out>/adaptive_<method>.png`.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import statistics
 import time
@@ -35,35 +39,57 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from protocol import chat_prompts  # noqa: E402
 
-from aerie.engine import EngineConfig, SamplingParams  # noqa: E402
+from aerie.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from aerie.engine.adaptive import AdaptivePolicy  # noqa: E402
 from aerie.engine.build import build_engine  # noqa: E402
 from aerie.heads.io import load_head  # noqa: E402
 from aerie.target import load_target  # noqa: E402
 from aerie.traffic import synthesize  # noqa: E402
 
+Arm = tuple[str, str, int | str]  # name, method, K
 
-def run_arm(target, method, head, k, prompts, concurrency, max_tokens, requests) -> dict:
-    count = requests(concurrency)
-    batch = [prompts[i % len(prompts)] for i in range(count)]
+
+def build_arms(target, head, arms: list[Arm], prompts, concurrency: int, max_tokens: int) -> dict[str, Engine]:
     config = EngineConfig(max_slots=concurrency, max_len=max(map(len, prompts)) + max_tokens + 8)
-    engine = build_engine(target, config, method, head, k)
-    gc.collect()  # the previous arms' engines: their pause belongs to no arm
-    start = time.perf_counter()
-    outputs = engine.generate(batch, SamplingParams(max_tokens=max_tokens))
-    seconds = time.perf_counter() - start
-    return {
-        "tokens_per_s": sum(len(o.token_ids) for o in outputs) / seconds,
-        "outputs": [o.token_ids for o in outputs],
-        "k_histogram": dict(engine.stats.k_histogram),
-        "tau": engine.spec.acceptance_length,
-        "calibration_seconds": engine.policy.calibration_seconds if engine.policy is not None else None,
-    }
+    return {name: build_engine(target, config, method, head, k) for name, method, k in arms}
 
 
-def paired_ratio(runs: list[dict], over: list[dict]) -> float:
-    """The median over repeats of one repeat's tokens/s ratio: the arms of one repeat run seconds
-    apart, repeats minutes apart, and this box's speed drifts between them."""
-    return statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs, over, strict=True))
+def run_interleaved(engines: dict[str, Engine], batch: list, max_tokens: int) -> dict[str, dict]:
+    """Every engine serves the same requests (closed loop: all queued, the engine's slots
+    admitting them), one step each in turn, the order rotating every step, every step timed: an
+    arm's tokens/s is its tokens over the sum of its own steps' seconds. Arms run milliseconds
+    apart, so a drift in the machine's speed reaches them all alike (garbage is collected before,
+    not during)."""
+    params = SamplingParams(max_tokens=max_tokens)
+    requests = {name: [e.requests[e.add_request(p, params)] for p in batch] for name, e in engines.items()}
+    pending = {name: {r.request_id for r in rs} for name, rs in requests.items()}
+    seconds = dict.fromkeys(engines, 0.0)
+    names = list(engines)
+    gc.collect()
+    gc.disable()
+    try:
+        for turn in itertools.count():
+            order = [n for n in names[turn % len(names):] + names[:turn % len(names)] if pending[n]]
+            if not order:
+                break
+            for name in order:
+                start = time.perf_counter()
+                outputs = engines[name].step()
+                seconds[name] += time.perf_counter() - start
+                pending[name].difference_update(o.request_id for o in outputs if o.finished)
+    finally:
+        gc.enable()
+    results = {}
+    for name, engine in engines.items():
+        policy = engine.policy if isinstance(engine.policy, AdaptivePolicy) else None
+        results[name] = {
+            "tokens_per_s": sum(len(r.output_ids) for r in requests[name]) / seconds[name],
+            "outputs": [r.output_ids for r in requests[name]],
+            "k_histogram": dict(engine.stats.k_histogram),
+            "tau": engine.spec.acceptance_length,
+            "calibration_seconds": None if policy is None else policy.calibration_seconds,
+        }
+    return results
 
 
 def main() -> None:
@@ -98,37 +124,46 @@ def main() -> None:
         method, _, path = spec.partition("=")
         head = load_head(path, target)
         arms = [("plain", "none", 0)] + [(f"K={k}", method, k) for k in statics] + [("auto", method, "auto")]
-        for _, arm_method, k in arms:  # untimed: a process's first runs are ~20 % slow
-            run_arm(target, arm_method, head, k, prompts, levels[-1], 8, lambda c: c)
+        warm = build_arms(target, head, arms, prompts, levels[-1], 8)  # untimed: first runs are ~20 % slow
+        run_interleaved(warm, prompts[: levels[-1]], 8)
         cells: dict[tuple[int, str], list[dict]] = defaultdict(list)
         for repeat in range(args.repeats):
             for c in levels:
-                for name, arm_method, k in arms if repeat % 2 == 0 else arms[::-1]:
-                    cells[c, name].append(
-                        run_arm(target, arm_method, head, k, prompts, c, args.max_tokens, requests)
-                    )
-                print(f"{method} repeat {repeat + 1}/{args.repeats} concurrency {c} done", flush=True)
+                engines = build_arms(target, head, arms, prompts, c, args.max_tokens)
+                batch = [prompts[i % len(prompts)] for i in range(requests(c))]
+                results = run_interleaved(engines, batch, args.max_tokens)
+                for name, result in results.items():
+                    cells[c, name].append(result)
+                plain = results["plain"]["tokens_per_s"]
+                print(f"{method} round {repeat + 1}/{args.repeats} concurrency {c}: plain {plain:.0f} tok/s, "
+                      + " ".join(f"{n} {r['tokens_per_s'] / plain:.2f}" for n, r in results.items() if n != "plain"),
+                      flush=True)
+        ratios = {
+            (c, name): [r["tokens_per_s"] / p["tokens_per_s"] for r, p in zip(runs, cells[c, "plain"], strict=True)]
+            for (c, name), runs in cells.items()
+        }
         rows = []
         print(f"\n{method} ({path}), target {args.target}, {args.max_tokens} tokens per request, greedy, "
-              f"median of {args.repeats}")
+              f"median of {args.repeats} rounds")
         print(f"{'c':>3} {'plain':>8} {'best static':>14} {'best/plain':>10} {'auto':>8} {'auto/plain':>10} "
               f"{'auto/best':>9}  lossless")
         for c in levels:
             rate = {name: statistics.median(r["tokens_per_s"] for r in cells[c, name]) for name, _, _ in arms}
-            over_plain = {name: paired_ratio(cells[c, name], cells[c, "plain"]) for name, _, _ in arms[1:]}
+            over_plain = {name: statistics.median(ratios[c, name]) for name, _, _ in arms[1:]}
             best = max((name for name, _, _ in arms[1:-1]), key=over_plain.__getitem__)
+            auto_over_best = statistics.median(a / b for a, b in zip(ratios[c, "auto"], ratios[c, best], strict=True))
             plain_out = cells[c, "plain"][0]["outputs"]
             lossless = all(r["outputs"] == plain_out for name, _, _ in arms for r in cells[c, name])
             histogram = sum((Counter(r["k_histogram"]) for r in cells[c, "auto"]), Counter())
             rows.append({
                 "concurrency": c, "plain": rate["plain"], "best_static": best, "best_static_rate": rate[best],
                 "best_static_over_plain": over_plain[best], "auto": rate["auto"], "auto_over_plain": over_plain["auto"],
-                "auto_over_best": paired_ratio(cells[c, "auto"], cells[c, best]),
-                "static": {n: rate[n] for n, _, _ in arms[1:-1]},
+                "auto_over_best": auto_over_best, "static": {n: rate[n] for n, _, _ in arms[1:-1]},
+                "ratios_by_round": {n: ratios[c, n] for n, _, _ in arms[1:]},
                 "k_histogram": {int(k): v for k, v in sorted(histogram.items())}, "lossless": lossless,
             })
             print(f"{c:3d} {rate['plain']:8.1f} {best:>5} {rate[best]:8.1f} {over_plain[best]:9.2f}x "
-                  f"{rate['auto']:8.1f} {over_plain['auto']:9.2f}x {rows[-1]['auto_over_best']:8.2f}x  {lossless}")
+                  f"{rate['auto']:8.1f} {over_plain['auto']:9.2f}x {auto_over_best:8.2f}x  {lossless}")
         first = {c: cells[c, "auto"][0]["calibration_seconds"] for c in levels}
         cached = [r["calibration_seconds"] for c in levels for r in cells[c, "auto"][1:]]
         for row in rows:

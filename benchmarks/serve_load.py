@@ -1,17 +1,23 @@
 """Load on the Ray Serve endpoint: many concurrent streaming clients, baseline against speculative.
 
     python benchmarks/serve_load.py --target .aerie/targets/tiny-llama --head eagle3=DIR [--k auto]
-        [--clients 32] [--seconds 60] [--single-seconds 20] [--max-tokens 64] [--out .aerie/bench/serve_load]
+        [--clients 32] [--seconds 15] [--single-seconds 5] [--repeats 4] [--max-tokens 64]
+        [--out .aerie/bench/serve_load]
     python benchmarks/serve_load.py --winner RUN/bench/winner.json     # the speculative endpoint from a winner
 
 Both endpoints (plain decoding, and the head with adaptive K) run side by side on a local Ray
 instance (HTTP on 127.0.0.1 only, one prefix each), with Data Capture on. Windows: one streaming
 client for `--single-seconds` per endpoint, then `--clients` closed-loop streaming clients for
 `--seconds` per endpoint (a client that gets a 429 waits its Retry-After and goes on), the order of
-the endpoints alternating over `--repeats` rounds; then Ray's Prometheus endpoint is read and the
-applications deleted. Bounded in time (the windows; requests in flight at the end are awaited at
-most `--drain-seconds`) and in count (`--max-requests` per window). Prompts are held-out chat
-requests of the target's traffic (`aerie.traffic.synthesize(part="eval")`), greedy.
+the endpoints alternating over `--repeats` rounds (B S S B B S ...: each window beside one of the
+other endpoint's); then Ray's Prometheus endpoint is read and the applications deleted. The
+defaults, 4 rounds of 15 s, give each endpoint 60 s at `--clients`: this box's speed drifts by
+tens of percent over a minute (a baseline's two 60 s windows once read 442 and 606 tok/s), so
+the speculative / baseline ratio is the median of the rounds' own ratios, windows seconds apart;
+the ratio of the pooled windows is printed beside it. Bounded in time (the windows; requests in
+flight at the end are awaited at most `--drain-seconds`) and in count (`--max-requests` per
+window). Prompts are held-out chat requests of the target's traffic
+(`aerie.traffic.synthesize(part="eval")`), greedy.
 
 Reports per endpoint and window: requests started / completed / 429 / 5xx / other failures,
 output tok/s (completed tokens over the window until the last request ended), mean TTFT, the
@@ -29,6 +35,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -256,10 +263,10 @@ def main() -> None:
     parser.add_argument("--winner", help="winner.json of the speculative endpoint")
     parser.add_argument("--k", default="auto", help="K of the speculative endpoint with --head (int or auto)")
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--single-seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--single-seconds", type=float, default=5.0)
     parser.add_argument("--drain-seconds", type=float, default=60.0)
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of windows, endpoints alternating")
+    parser.add_argument("--repeats", type=int, default=4, help="rounds of windows, endpoints alternating")
     parser.add_argument("--max-requests", type=int, default=5000, help="per window")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-slots", type=int, default=32)
@@ -304,10 +311,13 @@ def main() -> None:
     serve.shutdown()
     ingested = ingest_capture(capture_root, target, out / "ingested")
     ray.shutdown()
-    ratio = results[1]["loaded"]["output_throughput"] / max(results[0]["loaded"]["output_throughput"], 1e-9)
+    base, spec = ([w["output_throughput"] for w in r["windows"]["loaded"]] for r in results)
+    by_round = [round(s / max(b, 1e-9), 3) for s, b in zip(spec, base, strict=True)]
+    pooled = results[1]["loaded"]["output_throughput"] / max(results[0]["loaded"]["output_throughput"], 1e-9)
     report = {"clients": args.clients, "seconds": args.seconds, "repeats": args.repeats, "max_tokens": args.max_tokens,
               "max_slots": args.max_slots, "endpoints": results,
-              "speculative_over_baseline": round(ratio, 3), "ingest": ingested}
+              "speculative_over_baseline": statistics.median(by_round), "speculative_over_baseline_by_round": by_round,
+              "speculative_over_baseline_pooled": round(pooled, 3), "ingest": ingested}
     (out / "serve_load.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(results, out / "serve_load.png", args.clients)
     print(f"\n| endpoint | 1 client tok/s | {args.clients} clients tok/s | x single | completed | 429 | 5xx | other |")
@@ -317,7 +327,8 @@ def main() -> None:
         print(f"| {r['endpoint']} ({r['method']}, k={r['k']}) | {single['output_throughput']} | "
               f"{loaded['output_throughput']} | {r['aggregate_over_single']} | {loaded['completed']} | "
               f"{loaded['rate_limited']} | {loaded['server_errors']} | {loaded['failed']} |")
-    print(f"\nspeculative / baseline at {args.clients} clients: {report['speculative_over_baseline']}")
+    print(f"\nspeculative / baseline at {args.clients} clients: {report['speculative_over_baseline']} (median of the "
+          f"rounds {by_round}; pooled windows: {report['speculative_over_baseline_pooled']})")
     print(f"ingest of the captured traffic: {ingested['counts']} adds up: {ingested['adds_up']}")
     print(f"wrote {out / 'serve_load.json'} and {out / 'serve_load.png'}")
 
