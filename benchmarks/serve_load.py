@@ -316,7 +316,8 @@ def main() -> None:
     pooled = results[1]["loaded"]["output_throughput"] / max(results[0]["loaded"]["output_throughput"], 1e-9)
     report = {"clients": args.clients, "seconds": args.seconds, "repeats": args.repeats, "max_tokens": args.max_tokens,
               "max_slots": args.max_slots, "endpoints": results,
-              "speculative_over_baseline": statistics.median(by_round), "speculative_over_baseline_by_round": by_round,
+              "speculative_over_baseline": round(statistics.median(by_round), 3),
+              "speculative_over_baseline_by_round": by_round,
               "speculative_over_baseline_pooled": round(pooled, 3), "ingest": ingested}
     (out / "serve_load.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(results, out / "serve_load.png", args.clients)
