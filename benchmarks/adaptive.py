@@ -40,7 +40,6 @@ import torch  # noqa: E402
 from protocol import chat_prompts  # noqa: E402
 
 from aerie.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from aerie.engine.adaptive import AdaptivePolicy  # noqa: E402
 from aerie.engine.build import build_engine  # noqa: E402
 from aerie.heads.io import load_head  # noqa: E402
 from aerie.target import load_target  # noqa: E402
@@ -81,13 +80,12 @@ def run_interleaved(engines: dict[str, Engine], batch: list, max_tokens: int) ->
         gc.enable()
     results = {}
     for name, engine in engines.items():
-        policy = engine.policy if isinstance(engine.policy, AdaptivePolicy) else None
         results[name] = {
             "tokens_per_s": sum(len(r.output_ids) for r in requests[name]) / seconds[name],
             "outputs": [r.output_ids for r in requests[name]],
             "k_histogram": dict(engine.stats.k_histogram),
             "tau": engine.spec.acceptance_length,
-            "calibration_seconds": None if policy is None else policy.calibration_seconds,
+            "calibration_seconds": getattr(engine.policy, "calibration_seconds", None),
         }
     return results
 
