@@ -388,6 +388,13 @@ class AdaptivePolicy:
             return probe
         return 0
 
+    def lull(self) -> None:
+        """No row is decoding: the K chosen for the last load is forgotten, so rows arriving now
+        are decided afresh, their prompts' passes priced in (32 clients arriving after one
+        client's stream kept drafting on for a step at 32 rows: the head passed over ~9600 prompt
+        tokens and caught up on 7 rows for that one step, 3 % of the run)."""
+        self.current = 0
+
     def drafts_when_caught_up(self, rows: int, context: int, backlog: int) -> bool:
         """Whether drafting would beat K = 0 by `margin` at `rows` rows with the head caught up on
         every row, the head's pass over the `backlog` prompt tokens still to pass (this prefill's
@@ -475,6 +482,9 @@ class FixedK:
         backlog: int = 0,
     ) -> int:
         return self.k
+
+    def lull(self) -> None:
+        pass
 
     def drafts_when_caught_up(self, rows: int, context: int, backlog: int) -> bool:
         return self.k > 0

@@ -172,6 +172,8 @@ class Engine:
         self.stats.steps += 1
         decoding = self.scheduler.in_status(Status.DECODING)
         prefilling = self.scheduler.prefill_batch(self.config.prefill_tokens)
+        if not decoding and self.policy is not None:
+            self.policy.lull()
         outputs: list[RequestOutput] = []
         if prefilling:
             outputs += self._isolated(partial(self._prefill, tokens=prefilling), list(prefilling))

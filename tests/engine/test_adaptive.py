@@ -131,6 +131,28 @@ def test_drafting_pays_for_the_head_s_pass_over_the_prompts_still_to_prefill():
     assert policy(step_costs, rate=0.8, probe_every=10**9).choose(2, CONTEXT, joining=2, backlog=2000) == 0
 
 
+def test_a_burst_after_a_lull_prices_its_prompts_afresh():
+    step_costs = costs(verify_per_token=0.3, draft_per_step=1.0, per_row=2.0)
+    step_costs.catch_up = {r: 0.5 for r in ROWS}
+    p = policy(step_costs, rate=0.8, probe_every=10**9)
+    assert p.choose(1, CONTEXT) > 0  # one client's stream drafts
+    assert p.choose(2, CONTEXT, joining=2, backlog=2000) > 0  # staying on does not pay the pass again
+    p.lull()  # nothing decoding: the next rows are a new load
+    assert not p.drafting
+    assert p.choose(2, CONTEXT, joining=2, backlog=2000) == 0
+
+
+def test_the_engine_forgets_its_k_when_nothing_decodes(llama_with_heads):
+    target, heads = llama_with_heads
+    engine = build_engine(
+        target, EngineConfig(max_slots=2, max_len=64), "eagle3", heads["eagle3"], "auto", calibration_cache=False
+    )
+    engine.policy.current = 3
+    engine.add_request(random_prompts([7], seed=3)[0], SamplingParams(max_tokens=4))
+    engine.step()  # the prefill: no row was decoding
+    assert engine.policy.current == 0
+
+
 def test_off_probes_now_and_then_and_live_acceptance_turns_it_back_on():
     p = policy(costs(verify_per_token=0.05, draft_per_step=0.2), rate=0.05, probe_every=8, max_probe_every=64,
                confident_drafts=2)
