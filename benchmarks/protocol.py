@@ -16,7 +16,9 @@ What a new user does, in one process (no Ray, so every stage is timed alone):
 4. Speed at concurrency 1 on the evaluation prompts, greedy, every variant's tokens checked equal to
    plain decoding: plain, n-gram, each head at each K, EAGLE-3 drafting a tree, EAGLE-3 after
    prompt lookup (`eagle3+lookup`: rows whose last 3 tokens occurred before draft by lookup), Hugging Face
-   greedy `generate` and its prompt lookup. Then concurrency 8 for plain and each method's best.
+   greedy `generate` and its prompt lookup. The variants take turns prompt by prompt, the order
+   rotating, so the machine's drift (tens of percent within seconds on a shared box) reaches them
+   all alike. Then concurrency 8 for plain and each method's best.
    Reports tok/s ratios, tau, per-position acceptance, the draft/target cost ratio, and, next to
    the engine's acceptance, the trainer's agreement on held-out replies of the TRAINING traffic
    (what `aerie train` reports) and on the evaluation prompts' own replies.
@@ -27,6 +29,7 @@ Stages are cached under `--out` (data, heads); delete a folder to redo it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sysconfig
@@ -121,7 +124,7 @@ def train_heads(args, target, data) -> dict:
     trainer_eval = [train[i] for i in sorted(held)]
     fit_rows = [row for i, row in enumerate(train) if i % requests not in held]
     results = {}
-    for method in args.methods.split(","):
+    for method in filter(None, args.methods.split(",")):
         head_dir = Path(args.out) / "heads" / method
         report = head_dir / "protocol.json"
         recipe = dict(
@@ -160,11 +163,16 @@ def parse_set(item: str) -> tuple[str, object]:
 
 
 class Timings:
-    """Wall time of every target forward (by new tokens per row) and every draft proposal."""
+    """Wall time of every target forward (by new tokens per row) and every draft proposal of one
+    engine, while entered (engines share the target: only the arm running is timed)."""
 
     def __init__(self, engine) -> None:
         self.target: dict[int, list[float]] = defaultdict(list)
         self.draft: list[float] = []
+        self._engine = engine
+
+    def __enter__(self) -> Timings:
+        engine = self._engine
         forward, propose = engine.target.forward, engine.proposer.propose
 
         def timed_forward(input_ids, *a, **kw):
@@ -180,52 +188,91 @@ class Timings:
             return out
 
         engine.target.forward, engine.proposer.propose = timed_forward, timed_propose
-        self._engine = engine
+        return self
 
-    def close(self) -> None:
-        del self._engine.target.forward  # the instance attribute: the shared target is unwrapped
+    def __exit__(self, *exc) -> None:
+        del self._engine.target.forward  # the instance attributes: target and proposer unwrapped
+        del self._engine.proposer.propose
 
 
-def run_engine(target, variant, heads, prompts, max_tokens, concurrency) -> dict:
+def make_engine(target, variant, heads, prompts, max_tokens, concurrency):
     """`variant`: (method, K, tree); a method "eagle3+lookup" drafts by prompt lookup first."""
     method, k, tree = variant
     method, _, first = method.partition("+")
     config = EngineConfig(max_slots=concurrency, max_len=max(map(len, prompts)) + max_tokens + 16)
-    engine = build_engine(target, config, method, heads.get(method), k, tree=tree, lookup=first == "lookup")
-    timings = Timings(engine)
-    params = SamplingParams(max_tokens=max_tokens)
-    start = time.perf_counter()
-    if concurrency == 1:
-        outputs = [engine.generate([p], params)[0].token_ids for p in prompts]
-    else:
-        outputs = [c.token_ids for c in engine.generate(prompts, params)]
-    seconds = time.perf_counter() - start
-    timings.close()
-    return {
-        "tokens_per_s": sum(map(len, outputs)) / seconds,
-        "tau": engine.spec.acceptance_length or 1.0,
-        "per_position": engine.spec.per_position_acceptance,
-        "t_target_1": statistics.median(timings.target[1]) if timings.target[1] else None,
-        "t_draft": statistics.median(timings.draft) if timings.draft else 0.0,
-        "outputs": outputs,
-    }
+    return build_engine(target, config, method, heads.get(method), k, tree=tree, lookup=first == "lookup")
 
 
-@torch.no_grad()
-def run_hf(target, prompts, max_tokens, lookup: int | None) -> dict:
-    model, stop = target.model, target.stop_token_ids
-    outputs = []
-    start = time.perf_counter()
-    for prompt in prompts:
-        ids = torch.tensor([prompt], device=target.device)
-        extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+class EngineArm:
+    """One variant at concurrency 1, a prompt at a time (so arms can take turns prompt by prompt)."""
+
+    def __init__(self, target, variant, heads, prompts, max_tokens) -> None:
+        self.engine = make_engine(target, variant, heads, prompts, max_tokens, 1)
+        self.timings = Timings(self.engine)
+        self.params = SamplingParams(max_tokens=max_tokens)
+
+    def __call__(self, prompt: list[int]) -> list[int]:
+        with self.timings:
+            return self.engine.generate([prompt], self.params)[0].token_ids
+
+    def report(self) -> dict:
+        engine, timings = self.engine, self.timings
+        return {
+            "tau": engine.spec.acceptance_length or 1.0,
+            "per_position": engine.spec.per_position_acceptance,
+            "t_target_1": statistics.median(timings.target[1]) if timings.target[1] else None,
+            "t_draft": statistics.median(timings.draft) if timings.draft else 0.0,
+        }
+
+
+class HFArm:
+    """Hugging Face greedy `generate`, with prompt lookup of `lookup` tokens when given."""
+
+    def __init__(self, target, max_tokens: int, lookup: int | None) -> None:
+        self.target, self.max_tokens = target, max_tokens
+        self.extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+
+    @torch.no_grad()
+    def __call__(self, prompt: list[int]) -> list[int]:
+        model, stop = self.target.model, self.target.stop_token_ids
+        ids = torch.tensor([prompt], device=self.target.device)
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
-            eos_token_id=stop, pad_token_id=stop[0], **extra,
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_tokens, do_sample=False,
+            eos_token_id=stop, pad_token_id=stop[0], **self.extra,
         )
-        outputs.append(out[0, len(prompt):].tolist())
-    seconds = time.perf_counter() - start
-    return {"tokens_per_s": sum(map(len, outputs)) / seconds, "outputs": outputs}
+        return out[0, len(prompt):].tolist()
+
+    def report(self) -> dict:
+        return {}
+
+
+def run_interleaved(arms: dict, prompts: list[list[int]]) -> dict[str, dict]:
+    """Every arm on every prompt, taking turns prompt by prompt (the order rotating), so a drift
+    in the machine's speed reaches every arm alike: an arm's tok/s is its tokens over its own
+    seconds. Garbage is collected before each run, not during one."""
+    names = list(arms)
+    seconds = dict.fromkeys(names, 0.0)
+    outputs: dict[str, list] = {n: [] for n in names}
+    for i, prompt in enumerate(prompts):
+        for n in names[i % len(names):] + names[: i % len(names)]:
+            gc.collect()
+            gc.disable()
+            try:
+                start = time.perf_counter()
+                outputs[n].append(arms[n](prompt))
+                seconds[n] += time.perf_counter() - start
+            finally:
+                gc.enable()
+    return {n: {"tokens_per_s": sum(map(len, outputs[n])) / seconds[n], "outputs": outputs[n]} | arms[n].report()
+            for n in names}
+
+
+def run_engine(target, variant, heads, prompts, max_tokens, concurrency) -> dict:
+    """All prompts at once through one engine of `concurrency` slots."""
+    engine = make_engine(target, variant, heads, prompts, max_tokens, concurrency)
+    start = time.perf_counter()
+    outputs = [c.token_ids for c in engine.generate(prompts, SamplingParams(max_tokens=max_tokens))]
+    return {"tokens_per_s": sum(map(len, outputs)) / (time.perf_counter() - start), "outputs": outputs}
 
 
 def name(variant) -> str:
@@ -237,7 +284,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="unseen")
     parser.add_argument("--out", help="default .aerie/bench/protocol/<setting>")
-    parser.add_argument("--methods", default="eagle3,peagle")
+    parser.add_argument("--methods", default="eagle3,peagle", help="heads to train; '' for none (lookup only)")
     parser.add_argument("--minutes", type=float, default=15.0, help="CPU minutes of training per head")
     parser.add_argument("--train-requests", type=int, default=480)
     parser.add_argument("--sampled-replies", type=int, default=1, help="extra replies per request at T=0.8")
@@ -246,7 +293,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per evaluation prompt")
     parser.add_argument("--k", default="2,3,4,5")
     parser.add_argument("--peagle-k", default="3,5,7")
-    parser.add_argument("--ngram-k", default="3,5")
+    parser.add_argument("--ngram-k", default="3,5,10")
     parser.add_argument("--tree-depth", type=int, default=4)
     parser.add_argument("--tree-tokens", type=int, default=10)
     parser.add_argument("--depth", type=int, default=5, help="training / evaluation depth")
@@ -285,10 +332,11 @@ def main() -> None:
         variants += [("peagle", int(k), False) for k in args.peagle_k.split(",")]
     results: dict[str, list[dict]] = defaultdict(list)
     for _ in range(args.rounds):
-        for variant in variants:
-            results[name(variant)].append(run_engine(target, variant, heads, prompts, args.max_tokens, 1))
-        results["hf_greedy"].append(run_hf(target, prompts, args.max_tokens, None))
-        results["hf_prompt_lookup"].append(run_hf(target, prompts, args.max_tokens, args.lookup))
+        arms = {name(v): EngineArm(target, v, heads, prompts, args.max_tokens) for v in variants}
+        arms |= {"hf_greedy": HFArm(target, args.max_tokens, None),
+                 "hf_prompt_lookup": HFArm(target, args.max_tokens, args.lookup)}
+        for key, result in run_interleaved(arms, prompts).items():
+            results[key].append(result)
 
     def median(key, field):
         return statistics.median(r[field] for r in results[key])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from aerie.engine.adaptive import adaptive_policy
 from aerie.engine.engine import TREE_ON_RECURRENT_TARGET, Engine, EngineConfig
-from aerie.engine.hybrid import LookupFirstProposer
+from aerie.engine.hybrid import LOOKUP_TOKENS, LookupFirstProposer
 from aerie.engine.ngram import NgramProposer
 from aerie.engine.proposers import Eagle3Proposer, PEagleProposer, Proposer
 from aerie.engine.tree import TreeProposer
@@ -45,6 +45,7 @@ def build_proposer(
     tree_top_k: int = 4,
     tree_tokens: int = 16,
     lookup: bool = False,
+    lookup_tokens: int = LOOKUP_TOKENS,
 ) -> Proposer:
     check_method(method, head, tree, lookup)
     slots, capacity = config.max_slots, config.max_len
@@ -64,7 +65,7 @@ def build_proposer(
         return TreeProposer(head, k, slots, capacity, top_k=tree_top_k, total_tokens=tree_tokens)
     chain = PEagleProposer if method == "peagle" else Eagle3Proposer
     drafter = chain(head, k, slots, capacity)
-    return LookupFirstProposer(drafter, slots) if lookup else drafter
+    return LookupFirstProposer(drafter, slots, lookup_tokens=lookup_tokens) if lookup else drafter
 
 
 def build_engine(
@@ -92,7 +93,8 @@ def build_engine(
         raise ValueError(f"k must be an integer >= 0 or {AUTO!r}, got {k!r}")
     adaptive = k == AUTO
     proposer = build_proposer(
-        target, config, method, head, max_k if adaptive else k, tree, tree_top_k, tree_tokens, lookup
+        target, config, method, head, max_k if adaptive else k, tree, tree_top_k, tree_tokens, lookup,
+        lookup_tokens=0 if adaptive else LOOKUP_TOKENS,  # the policy prices drafts of K columns
     )
     engine = Engine(target, config, proposer)
     if adaptive and proposer.k:

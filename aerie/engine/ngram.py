@@ -1,10 +1,14 @@
 """Prompt lookup (n-gram) drafting: no head, no training, lossless like every proposer.
 
-The draft for a sequence is what followed the most recent earlier occurrence of its last n tokens
-(n from `max_n` down to `min_n`, the longest match wins), in the prompt or in the output so far:
-code, quotes and edits repeat what the context already holds. Each slot keeps an index from
-n-gram to the end of its latest occurrence, extended by the new tokens every step, so a lookup
-costs O(new tokens), not O(context). Rows without a match draft nothing that step.
+The draft for a sequence is what followed the FIRST occurrence of its last n tokens (n from
+`max_n` down to `min_n`, the longest match wins), in the prompt or in the output so far: code,
+quotes and edits repeat what the context already holds, and the first occurrence is most often in
+the prompt, the text being quoted, where a later one is in the reply, often only a few tokens back
+(indentation, brackets). As Hugging Face's prompt lookup does; on the tiny target's held-out chat
+prompts (K = 10, greedy) the first occurrence reached tau 4.2 where the latest reached 2.4.
+Each slot keeps an index from n-gram to the end of its first occurrence, extended by the new
+tokens every step, so a lookup costs O(new tokens), not O(context). Rows without a match draft
+nothing that step.
 """
 
 from __future__ import annotations
@@ -35,12 +39,12 @@ class NgramProposer(Proposer):
         self._indexed[slot] = 0
 
     def lookup(self, slot: int, ids: list[int], k: int) -> list[int]:
-        """Up to `k` tokens that followed the latest earlier occurrence of the longest suffix of `ids`."""
+        """Up to `k` tokens that followed the first occurrence of the longest suffix of `ids`."""
         index = self._index[slot]
         # n-grams ending before the last position: the suffix itself must not match itself
         for end in range(max(self._indexed[slot], self.min_n), len(ids)):
             for n in range(self.min_n, min(self.max_n, end) + 1):
-                index[tuple(ids[end - n : end])] = end
+                index.setdefault(tuple(ids[end - n : end]), end)
         self._indexed[slot] = max(self._indexed[slot], len(ids))
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
             end = index.get(tuple(ids[len(ids) - n :]))

@@ -11,6 +11,7 @@ from stats import chi_square_pvalue
 
 from aerie.engine import EngineConfig, SamplingParams
 from aerie.engine.build import build_engine, check_method
+from aerie.engine.hybrid import LOOKUP_TOKENS
 from aerie.engine.sampling import adjusted_probs
 
 CONFIG = EngineConfig(max_slots=3, max_len=160, prefill_tokens=16)
@@ -28,12 +29,14 @@ def repeating_prompts():
 def test_greedy_lookup_first_equals_baseline_and_uses_both(llama_with_heads, repeating_prompts, method, k):
     target, heads = llama_with_heads
     engine = build_engine(target, CONFIG, method, heads[method], k, lookup=True)
-    rows, by_head = [], []
+    rows, by_head, widths = [], [], []
     lookup_rows, head_propose = engine.proposer.propose, engine.proposer.drafter.propose
 
     def counting_propose(batch, k):
         rows.append(len(batch))
-        return lookup_rows(batch, k)
+        draft = lookup_rows(batch, k)
+        widths.append((draft.tokens.shape[1], k))
+        return draft
 
     def counting_head(batch, k):
         by_head.append(len(batch))
@@ -45,6 +48,9 @@ def test_greedy_lookup_first_equals_baseline_and_uses_both(llama_with_heads, rep
     if k != "auto":  # (adaptive K may find drafting too dear on this random model and draft nothing)
         assert engine.spec.accepted_tokens > 0
         assert 0 < sum(by_head) < sum(rows), (sum(by_head), sum(rows))  # some rows by lookup, some by the head
+        assert max(width for width, _ in widths) == LOOKUP_TOKENS  # a matched continuation drafts past K
+    else:
+        assert all(width <= k for width, k in widths)  # the policy prices K columns
 
 
 def test_sampled_lookup_first_is_distributed_as_target(llama_with_heads):
