@@ -287,6 +287,8 @@ def bench(
     peers: Annotated[bool | None, typer.Option(
         "--peers", help="Also measure Hugging Face generate, greedy and with prompt lookup (concurrency 1).")] = None,
     ngram: Annotated[bool | None, typer.Option(help="Measure prompt lookup (no head). [default: on]")] = None,
+    lookup_first: Annotated[bool | None, typer.Option(
+        help="Also measure each head's chain after prompt lookup (eagle3+lookup). [default: on]")] = None,
     incumbent: Annotated[str | None, typer.Option(
         help="winner.json of the serving deployment: measured as variant 'incumbent'.")] = None,
     expected_concurrency: Annotated[int | None, typer.Option(
@@ -302,10 +304,11 @@ def bench(
 ) -> None:
     """Benchmark the baseline, prompt lookup and every head x K over concurrency as a Ray DAG, check
     every output is lossless, write the report (results.json/.parquet, report.md, plots) and
-    winner.json. The default sweep (concurrency 1,2,4,8; K 2,3,5 for an EAGLE-3 and a P-EAGLE head;
-    baseline and prompt lookup; 3 rounds of 16 requests x 64 tokens per cell: 96 cells) takes 15-20
-    minutes on the tiny target on 2 CPU cores (measured with --peers: 15 minutes on a quiet 2-core
-    box, 21 minutes on a shared one; under a minute of it starting the 8 engine actors)."""
+    winner.json. The default sweep (concurrency 1,2,4,8; K 2,3,5 for an EAGLE-3 and a P-EAGLE head,
+    each also after prompt lookup; baseline and prompt lookup; 3 rounds of 16 requests x 64 tokens
+    per cell: 168 cells) runs 14 engine actors. With --no-lookup-first, its 96 cells took 15-20
+    minutes on the tiny target on 2 CPU cores (with --peers: 15 minutes on a quiet 2-core box, 21
+    minutes on a shared one; under a minute of it starting the 8 engine actors)."""
     from pydantic import ValidationError
 
     from aerie.bench.config import BenchConfig
@@ -318,9 +321,9 @@ def bench(
         k_per_method={m: _csv(v, "--k-per-method", allow_auto=True) for m, v in _pairs(k_per_method,
                                                                                      "--k-per-method").items()} or None,
         requests=requests, warmup=warmup, repeats=repeats, max_tokens=max_tokens, max_prompts=max_prompts,
-        peers=peers, ngram=ngram, incumbent=incumbent, expected_concurrency=expected_concurrency,
-        sla_p99_tpot_ms=sla_p99_tpot_ms, sla_p99_ttft_ms=sla_p99_ttft_ms, num_cpus=num_cpus, num_gpus=num_gpus,
-        threads=threads, progress=progress,
+        peers=peers, ngram=ngram, lookup_first=lookup_first, incumbent=incumbent,
+        expected_concurrency=expected_concurrency, sla_p99_tpot_ms=sla_p99_tpot_ms, sla_p99_ttft_ms=sla_p99_ttft_ms,
+        num_cpus=num_cpus, num_gpus=num_gpus, threads=threads, progress=progress,
     )
     values |= {key: value for key, value in flags.items() if value is not None}
     try:
@@ -342,6 +345,8 @@ def serve(
     head: Annotated[str | None, typer.Option(help="Draft head directory for eagle3 / peagle / eagle.")] = None,
     k: Annotated[str | None, typer.Option(help="Draft tokens per step (0: the head's), or 'auto' (adaptive).")] = None,
     tree: Annotated[bool | None, typer.Option("--tree/--chain", help="Draft a tree or a chain.")] = None,
+    lookup: Annotated[bool | None, typer.Option(
+        "--lookup", help="Rows whose context repeats draft by prompt lookup, the others with the head.")] = None,
     host: Annotated[str | None, typer.Option(help="HTTP host. [default: 127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option(help="HTTP port. [default: 8000]")] = None,
     api_key: Annotated[str | None, typer.Option(
@@ -371,7 +376,8 @@ def serve(
 
     values = _config_file(config)
     flags = dict(
-        winner=winner, target=target, method=method, head=head, tree=tree, host=host, port=port, api_key=api_key,
+        winner=winner, target=target, method=method, head=head, tree=tree, lookup=lookup, host=host, port=port,
+        api_key=api_key,
         name=name, model_name=model_name, max_slots=max_slots, max_len=max_len, max_waiting=max_waiting,
         num_replicas=num_replicas, num_cpus=num_cpus, num_gpus=num_gpus,
         k=None if k is None else k if k == "auto" else _int_option(k, "--k"),

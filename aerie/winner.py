@@ -25,6 +25,8 @@ class Winner(BaseModel):
     head: str | None = Field(default=None, description="head directory for head-based methods")
     k: int | Literal["auto"] = Field(default=0, description="draft tokens per step, or 'auto'")
     tree: bool = Field(default=False, description="draft a dynamic tree instead of a chain")
+    lookup: bool = Field(default=False, description="prompt lookup first: rows whose context repeats draft by "
+                         "lookup, the others with the head")
     k_by_concurrency: dict[int, int] = Field(
         default_factory=dict, description="best K measured at each concurrency (0: no speculation)"
     )

@@ -85,7 +85,7 @@ class EngineActor:
         self.prompts = prompts
         config = EngineConfig(max_slots=slots, max_len=max(map(len, prompts)) + max_tokens)
         engine = build_engine(self.target, config, self.variant.method, self.variant.head, self.variant.k,
-                              tree=self.variant.tree or None)
+                              tree=self.variant.tree or None, lookup=self.variant.lookup)
         self.loop = EngineLoop(engine)
         policy = engine.policy
         return {"variant": self.variant.label, "load_seconds": self.load_seconds,

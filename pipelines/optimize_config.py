@@ -26,7 +26,7 @@ DERIVED = {
     "ingest": {"input", "target", "out"},
     "train": {"data", "target", "method", "out", "storage", "name", "warm_start"},
     "bench": {"target", "heads", "prompts", "out"},
-    "serve": {"winner", "target", "method", "head", "k", "tree"},
+    "serve": {"winner", "target", "method", "head", "k", "tree", "lookup"},
 }
 SECTION_MODELS: dict[str, type[BaseModel]] = {
     "ingest": IngestConfig, "train": FitConfig, "bench": BenchConfig, "serve": ServeConfig,

@@ -17,7 +17,7 @@ from aerie.bench.load import CellRun, WindowCounters
 from aerie.bench.metrics import cell_metrics, spec_metrics
 from aerie.bench.variants import Cell, Variant
 
-IDENTITY = ("variant", "method", "k", "tree", "head")
+IDENTITY = ("variant", "method", "k", "tree", "head", "lookup")
 POOLED = {"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
           "spec_decode_acceptance_length", "spec_decode_acceptance_rate", "spec_decode_per_position_acceptance_rates",
           "spec_decode_accepted_per_position", "tokens_per_step", "decode_steps", "k_histogram"}
@@ -27,6 +27,7 @@ def cell_result(cell: Cell, variant: Variant, run: CellRun) -> dict:
     """What an actor returns for one cell: identity, metrics, counters and every request."""
     return asdict(cell) | {
         "variant": variant.label, "method": variant.method, "k": variant.k, "tree": variant.tree, "head": variant.head,
+        "lookup": variant.lookup,
         "wall_seconds": run.wall_seconds,
         "metrics": cell_metrics(run.records, run.counters),
         "counters": None if run.counters is None else asdict(run.counters),

@@ -56,6 +56,10 @@ class BenchConfig(BaseModel):
         default_factory=dict, description=f"K for one method instead of `k` (ngram default: [{NGRAM_K}]).",
     )
     ngram: bool = Field(True, description="Measure prompt lookup (n-gram drafts, no head): the training-free bar.")
+    lookup_first: bool = Field(
+        True, description="Also measure each head drafting a chain after prompt lookup (`eagle3+lookup`): rows "
+        "whose last tokens occurred before draft what followed them, the others with the head.",
+    )
     requests: int = Field(16, ge=1, description="Measured requests per cell (variant x K x concurrency x round).")
     warmup: int | None = Field(
         None, ge=0, description="Requests per cell before the measured ones, not measured (default: one per client)."

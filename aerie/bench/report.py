@@ -52,7 +52,8 @@ def winner_section(winner: Winner, rows: list[dict]) -> list[str]:
                     if policy.get(k) is not None) or "none"
     lines = ["## Winner", "",
              f"**{winner.metrics.get('variant')}** (method `{winner.method}`, K `{winner.k}`"
-             + (", tree" if winner.tree else "") + (f", head `{winner.head}`" if winner.head else "") + ")", "",
+             + (", tree" if winner.tree else "") + (", prompt lookup first" if winner.lookup else "")
+             + (f", head `{winner.head}`" if winner.head else "") + ")", "",
              f"Why: {policy.get('reason')}. Policy: {policy.get('rule')}; expected concurrency "
              f"{winner.expected_concurrency}; SLA: {sla}.", ""]
     notes = [f"- excluded by the SLA: {variant}: {'; '.join(problems)}"

@@ -4,7 +4,7 @@ Policy: at the expected concurrency, the highest output throughput among engine 
 cannot be deployed) that passed the lossless check and meet the SLA (p99 TPOT, p99 TTFT). When
 none meets it, the baseline is chosen (it is lossless by definition) and the policy says so.
 `k_by_concurrency` is the per-load table adaptive serving reads: at each level, the K of the
-winner's method (same head, same drafting shape) with the highest throughput, 0 where the
+winner's method (same head, same drafting shape, with or without lookup first) with the highest throughput, 0 where the
 baseline beats every K or no K of that method is lossless and within the SLA.
 """
 
@@ -46,7 +46,8 @@ def k_table(rows: list[dict], winner: dict, policy: WinnerPolicy) -> dict[int, i
     for c in sorted({r["max_concurrency"] for r in rows}):
         here = [r for r in rows if r["max_concurrency"] == c and eligible(r, policy)]
         family = [r for r in here if r["method"] == winner["method"] and r["head"] == winner["head"]
-                  and r["tree"] == winner["tree"] and isinstance(r["k"], int) and r["k"] > 0]
+                  and r["tree"] == winner["tree"] and r["lookup"] == winner["lookup"]
+                  and isinstance(r["k"], int) and r["k"] > 0]
         baseline = [r for r in here if r["method"] == "none"]
         best = max(family + baseline, key=lambda r: r["output_throughput"], default=None)
         table[c] = best["k"] if best is not None and best["method"] != "none" else 0
@@ -85,6 +86,7 @@ def choose_winner(rows: list[dict], cfg_or_policy: BenchConfig | WinnerPolicy, t
         head=best["head"],
         k=best["k"],
         tree=best["tree"],
+        lookup=best["lookup"],
         k_by_concurrency=k_table(rows, best, policy),
         expected_concurrency=expected,
         policy={"rule": "max output_throughput at expected_concurrency, lossless, within the SLA",

@@ -1,8 +1,9 @@
 """What one run measures: the variants (engine configurations and peers) and the order of the cells.
 
 A variant is one engine configuration: the baseline (`none`), prompt lookup (`ngram`), each head
-at each K (EAGLE heads draft a tree of that depth), adaptive K (`auto`), and the serving
-deployment (`incumbent`). Peers are Hugging Face `generate` (greedy, and prompt lookup) at
+at each K (EAGLE heads draft a tree of that depth), each chain head after prompt lookup
+(`eagle3+lookup`: rows whose context repeats draft by lookup, `aerie.engine.hybrid`), adaptive K
+(`auto`), and the serving deployment (`incumbent`). Peers are Hugging Face `generate` (greedy, and prompt lookup) at
 concurrency 1. A cell is one variant at one concurrency in one round; rounds interleave every
 variant (the order rotated each round) so machine drift hits all alike.
 """
@@ -22,11 +23,14 @@ PEER_METHODS = ("hf_greedy", "hf_prompt_lookup")
 @dataclass(frozen=True)
 class Variant:
     label: str
-    """Unique in a run: "none", "ngram K=4", "eagle3 K=3", "peagle K=auto", "eagle tree K=4", "incumbent"."""
+    """Unique in a run: "none", "ngram K=4", "eagle3 K=3", "eagle3+lookup K=3", "peagle K=auto",
+    "eagle tree K=4", "incumbent"."""
     method: str
     k: KValue = 0
     tree: bool = False
     head: str | None = None
+    lookup: bool = False
+    """Prompt lookup first, the head for the other rows (chains only)."""
 
     @property
     def is_peer(self) -> bool:
@@ -44,8 +48,8 @@ class Cell:
     variant: str
 
 
-def label(method: str, k: KValue, tree: bool) -> str:
-    return f"{method}{' tree' if tree else ''} K={k}"
+def label(method: str, k: KValue, tree: bool, lookup: bool = False) -> str:
+    return f"{method}{'+lookup' if lookup else ''}{' tree' if tree else ''} K={k}"
 
 
 def eagle_drafts_tree(target_config: dict) -> bool:
@@ -66,8 +70,13 @@ def plan_variants(cfg: BenchConfig, incumbent: Winner | None = None, eagle_tree:
             variants += [
                 Variant(label(method, k, tree), method, k, tree, cfg.heads[method]) for k in cfg.ks_for(method)
             ]
+            if cfg.lookup_first and not tree:
+                variants += [Variant(label(method, k, False, True), method, k, False, cfg.heads[method], True)
+                             for k in cfg.ks_for(method)]
     if incumbent is not None:
-        variants.append(Variant(INCUMBENT, incumbent.method, incumbent.k, incumbent.tree, incumbent.head))
+        variants.append(
+            Variant(INCUMBENT, incumbent.method, incumbent.k, incumbent.tree, incumbent.head, incumbent.lookup)
+        )
     if cfg.peers:
         variants += [Variant(method, method) for method in PEER_METHODS]
     return variants

@@ -3,7 +3,7 @@
 Data Capture.
 
 The model is given one of two ways: a benchmark's `winner.json` (`winner`), or explicitly
-(`target` with `method`, `head`, `k`, `tree`). `resolved()` turns either into a `ServedModel`.
+(`target` with `method`, `head`, `k`, `tree`, `lookup`). `resolved()` turns either into a `ServedModel`.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ class ServedModel:
     head: str | None
     k: int | str
     tree: bool | None
+    lookup: bool
+    """Prompt lookup first, the head for the other rows."""
     served_model: str
     """The id clients send as `model` and `/v1/models` lists."""
     k_by_concurrency: dict[int, int] = field(default_factory=dict)
@@ -103,6 +105,8 @@ class ServeConfig(BaseModel):
     k: int | Literal["auto"] | None = Field(None, description="Draft tokens per step (0: the head's "
                                             "default), or 'auto' (adaptive speculation).")
     tree: bool | None = Field(None, description="Draft a dynamic tree (default: only for eagle).")
+    lookup: bool | None = Field(None, description="Prompt lookup first: rows whose context repeats draft by "
+                                "lookup, the others with the head (a head's chain only).")
 
     name: str = Field("aerie", pattern=NAME_PATTERN, description="The Ray Serve application name.")
     model_name: str | None = Field(None, min_length=1, description="The model id clients use "
@@ -150,17 +154,19 @@ class ServeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_model(self) -> ServeConfig:
-        explicit = {"method": self.method, "head": self.head, "k": self.k, "tree": self.tree}
+        explicit = {"method": self.method, "head": self.head, "k": self.k, "tree": self.tree, "lookup": self.lookup}
         if self.winner is not None:
             if self.target is not None:
                 raise ValueError("give winner or target, not both")
             given = [name for name, value in explicit.items() if value is not None]
             if given:
-                raise ValueError(f"{given[0]}: comes from the winner file; give winner or target/method/head/k/tree")
+                raise ValueError(
+                    f"{given[0]}: comes from the winner file; give winner or target/method/head/k/tree/lookup"
+                )
         elif self.target is None:
             raise ValueError("give winner (a winner.json) or target (a model directory)")
         else:
-            _check_method(self.method or "none", self.head, self.k, self.tree)
+            _check_method(self.method or "none", self.head, self.k, self.tree, bool(self.lookup))
         max_prompt = self.max_prompt_tokens
         if max_prompt is not None and max_prompt >= self.max_len:
             raise ValueError(f"max_prompt_tokens ({max_prompt}) must be < max_len ({self.max_len})")
@@ -182,17 +188,19 @@ class ServeConfig(BaseModel):
         """The model to serve, read from the winner file when there is one."""
         if self.winner is not None:
             winner = Winner.load(self.winner)
-            _check_method(winner.method, winner.head, winner.k, winner.tree, where=f"{self.winner}: ")
+            _check_method(winner.method, winner.head, winner.k, winner.tree, winner.lookup, where=f"{self.winner}: ")
             target, method, head, k, tree = winner.target, winner.method, winner.head, winner.k, winner.tree
-            table = dict(winner.k_by_concurrency)
+            lookup, table = winner.lookup, dict(winner.k_by_concurrency)
         else:
-            target, method, head, k, tree, table = self.target, self.method or "none", self.head, self.k, self.tree, {}
+            target, method, head, k, tree = self.target, self.method or "none", self.head, self.k, self.tree
+            lookup, table = bool(self.lookup), {}
         return ServedModel(
             target=target,
             method=method,
             head=head,
             k=0 if k is None else k,
             tree=tree,
+            lookup=lookup,
             served_model=self.model_name or model_id(target),
             k_by_concurrency=table,
         )
@@ -204,7 +212,9 @@ def model_id(target: str) -> str:
     return str(target).rstrip("/").rsplit("/", 1)[-1] or str(target)
 
 
-def _check_method(method: str, head: str | None, k: int | str | None, tree: bool | None, where: str = "") -> None:
+def _check_method(
+    method: str, head: str | None, k: int | str | None, tree: bool | None, lookup: bool = False, where: str = ""
+) -> None:
     if method not in HEAD_METHODS + ("none", "ngram"):
         raise ValueError(f"{where}method: unknown method {method!r}")
     if method in HEAD_METHODS and head is None:
@@ -215,3 +225,6 @@ def _check_method(method: str, head: str | None, k: int | str | None, tree: bool
         raise ValueError(f"{where}k: method none drafts nothing (k must be 0 or unset)")
     if tree and method not in TREE_METHODS:
         raise ValueError(f"{where}tree: method {method} cannot draft a tree (eagle3 and eagle can)")
+    if lookup and (method not in HEAD_METHODS or tree):
+        raise ValueError(f"{where}lookup: prompt lookup first goes before a head drafting a chain, not method {method}"
+                         + (" drafting a tree" if tree else ""))

@@ -81,7 +81,8 @@ def vllm_config(config: ServeConfig) -> dict[str, Any]:
 
 
 def speculative_config(model: ServedModel) -> dict[str, Any] | None:
-    """vLLM's ``speculative_config`` for a served model (None: plain decoding)."""
+    """vLLM's ``speculative_config`` for a served model (None: plain decoding). Prompt lookup first
+    has no vLLM counterpart (a request drafts with one method): vLLM drafts with the head alone."""
     if model.method == "none":
         return None
     table = k_schedule(model.k_by_concurrency) if model.k == "auto" else None

@@ -97,7 +97,7 @@ class OpenAIService:
         target = load_target(self.model.target)
         engine = build_engine(
             target, EngineConfig(max_slots=config.max_slots, max_len=config.max_len), self.model.method,
-            self.model.head, self.model.k, tree=self.model.tree,
+            self.model.head, self.model.k, tree=self.model.tree, lookup=self.model.lookup,
         )
         self.tokenizer = target.tokenizer
         self.vocab_size = engine.vocab_size
@@ -111,8 +111,9 @@ class OpenAIService:
             self._stats_thread = threading.Thread(target=self._report_stats, args=(stats_seconds,),
                                                   name="aerie-serve-stats", daemon=True)
             self._stats_thread.start()
-        self.log.info("serving %s: target %s, method %s, head %s, k %s, %d slots", self.model.served_model,
-                      self.model.target, self.model.method, self.model.head, self.model.k, config.max_slots)
+        self.log.info("serving %s: target %s, method %s%s, head %s, k %s, %d slots", self.model.served_model,
+                      self.model.target, self.model.method, "+lookup" if self.model.lookup else "", self.model.head,
+                      self.model.k, config.max_slots)
 
     # ---- checks ---------------------------------------------------------------------------------
 

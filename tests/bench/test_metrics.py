@@ -66,7 +66,7 @@ def test_failed_requests_are_counted_not_timed():
 
 def cell(variant, method, concurrency, round_, records, window):
     return {"variant": variant, "method": method, "k": 2 if method != "none" else 0, "tree": False, "head": None,
-            "round": round_, "concurrency": concurrency, "wall_seconds": 1.0,
+            "lookup": False, "round": round_, "concurrency": concurrency, "wall_seconds": 1.0,
             "metrics": cell_metrics(records, window),
             "counters": None if window is None else window.__dict__,
             "requests": [{"measured": r.measured} for r in records]}

@@ -17,7 +17,7 @@ from aerie.bench.selection import choose_winner
 
 def row(variant, method, k, c, tput, lossless=True, rates=(), spread=0.1):
     spec = bool(rates)
-    return {"variant": variant, "method": method, "k": k, "tree": False, "head": "h" if spec else None,
+    return {"variant": variant, "method": method, "k": k, "tree": False, "head": "h" if spec else None, "lookup": False,
             "max_concurrency": c, "lossless": lossless, "output_throughput": tput, "speedup": None,
             "output_throughput_repeats": [tput * 0.95, tput, tput * 1.05], "output_throughput_spread": spread,
             "output_throughput_per_request": tput / c, "request_throughput": tput / 64, "median_ttft_ms": 10.0 * c,

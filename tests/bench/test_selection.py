@@ -8,8 +8,9 @@ from aerie.bench.config import WinnerPolicy
 from aerie.bench.selection import choose_winner, incumbent_decision
 
 
-def row(variant, method, k, c, tput, lossless=True, tpot=5.0, ttft=20.0, head=None, tree=False):
-    return {"variant": variant, "method": method, "k": k, "tree": tree, "head": head, "max_concurrency": c,
+def row(variant, method, k, c, tput, lossless=True, tpot=5.0, ttft=20.0, head=None, tree=False, lookup=False):
+    return {"variant": variant, "method": method, "k": k, "tree": tree, "head": head, "lookup": lookup,
+            "max_concurrency": c,
             "output_throughput": tput, "lossless": lossless, "p99_tpot_ms": tpot, "p99_ttft_ms": ttft,
             "speedup": None}
 
@@ -46,6 +47,15 @@ def test_k_zero_where_the_baseline_beats_every_k():
     rows = [r for r in sweep() if r["variant"] != "eagle3 K=2"]
     winner = choose_winner(rows, WinnerPolicy(expected_concurrency=1), target="t")
     assert winner.k_by_concurrency == {1: 4, 8: 0}
+
+
+def test_a_head_after_prompt_lookup_wins_as_its_own_family():
+    rows = sweep() + [row("eagle3+lookup K=2", "eagle3", 2, 1, 190, head="e3", lookup=True),
+                      row("eagle3+lookup K=2", "eagle3", 2, 8, 350, head="e3", lookup=True),
+                      row("eagle3+lookup K=4", "eagle3", 4, 1, 250, head="e3", lookup=True)]
+    winner = choose_winner(rows, WinnerPolicy(expected_concurrency=1), target="t")
+    assert (winner.method, winner.k, winner.lookup) == ("eagle3", 4, True)
+    assert winner.k_by_concurrency == {1: 4, 8: 0}  # the lookup family's, not eagle3 K=2's 440 at 8
 
 
 def test_when_nothing_meets_the_sla_the_baseline_is_kept_and_says_why():

@@ -12,14 +12,19 @@ from aerie.winner import Winner
 def test_every_head_at_every_k_plus_baseline_ngram_incumbent_and_peers():
     cfg = BenchConfig(target="t", prompts="p", out="o", heads={"eagle3": "e3", "peagle": "pe", "eagle": "e"},
                       k=[2, "auto"], k_per_method={"peagle": [4]}, peers=True)
-    serving = Winner(target="t", method="eagle3", head="old", k=3)
+    serving = Winner(target="t", method="eagle3", head="old", k=3, lookup=True)
     variants = plan_variants(cfg, serving)
     assert [v.label for v in variants] == [
-        "none", "ngram K=4", "eagle3 K=2", "eagle3 K=auto", "peagle K=4", "eagle tree K=2", "eagle tree K=auto",
-        "incumbent", "hf_greedy", "hf_prompt_lookup"]
-    incumbent = variants[7]
-    assert (incumbent.method, incumbent.head, incumbent.k, incumbent.tree) == ("eagle3", "old", 3, False)
-    assert not plan_variants(cfg, None, eagle_tree=False)[5].tree
+        "none", "ngram K=4", "eagle3 K=2", "eagle3 K=auto", "eagle3+lookup K=2", "eagle3+lookup K=auto",
+        "peagle K=4", "peagle+lookup K=4", "eagle tree K=2", "eagle tree K=auto", "incumbent", "hf_greedy",
+        "hf_prompt_lookup"]
+    assert [v.lookup for v in variants[4:8]] == [True, True, False, True]
+    incumbent = variants[10]
+    assert (incumbent.method, incumbent.head, incumbent.k, incumbent.tree, incumbent.lookup) == (
+        "eagle3", "old", 3, False, True)
+    chains = plan_variants(cfg, None, eagle_tree=False)
+    assert [v.label for v in chains[8:12]] == ["eagle K=2", "eagle K=auto", "eagle+lookup K=2", "eagle+lookup K=auto"]
+    assert "eagle3+lookup K=2" not in {v.label for v in plan_variants(cfg.model_copy(update={"lookup_first": False}))}
 
 
 def test_eagle_drafts_a_chain_on_hybrid_targets():
@@ -29,7 +34,7 @@ def test_eagle_drafts_a_chain_on_hybrid_targets():
 
 def test_cells_interleave_every_variant_each_round_with_a_rotated_order():
     cfg = BenchConfig(target="t", prompts="p", out="o", heads={"eagle3": "e3"}, k=[2], concurrency=[1, 4],
-                      ngram=False, peers=True)
+                      ngram=False, lookup_first=False, peers=True)
     variants = plan_variants(cfg)
     cells = plan_cells(variants, cfg.concurrency, repeats=2)
     assert [c.index for c in cells] == list(range(len(cells)))

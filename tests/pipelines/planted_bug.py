@@ -18,7 +18,8 @@ def accept_one_draft_too_many() -> None:
 
     def buggy(self, rows, logits, draft):
         accepted, emitted = verify(self, rows, logits, draft)
-        if draft is None or not isinstance(self.proposer, PEagleProposer):
+        drafter = getattr(self.proposer, "drafter", self.proposer)  # P-EAGLE after prompt lookup too
+        if draft is None or not isinstance(drafter, PEagleProposer):
             return accepted, emitted
         rejected = accepted < draft.tokens.shape[1]
         index = torch.arange(len(rows), device=emitted.device)[rejected]

@@ -64,12 +64,14 @@ def test_the_dag_writes_every_file_and_winner_json_last(run):
     assert summary["report"] == str(out / "report.md")
     rows = rows_of(out)
     labels = {(r["variant"], r["max_concurrency"]) for r in rows}
-    engines = ["none", "eagle3 K=2", "peagle K=2", "incumbent"]
+    engines = ["none", "eagle3 K=2", "eagle3+lookup K=2", "peagle K=2", "peagle+lookup K=2", "incumbent"]
     assert labels == {(v, c) for v in engines for c in (1, 2)} | {("hf_greedy", 1), ("hf_prompt_lookup", 1)}
     assert pq.read_table(out / "results.parquet").num_rows == len(rows)
+    assert {r["variant"] for r in rows if r["lookup"]} == {"eagle3+lookup K=2", "peagle+lookup K=2"}
     for row in rows:
-        assert {"method", "k", "tree", "head", "lossless", "output_throughput", "request_throughput", "mean_ttft_ms",
-                "median_tpot_ms", "p99_itl_ms", "p90_e2el_ms", "spec_decode_acceptance_length"} <= set(row)
+        assert {"method", "k", "tree", "head", "lookup", "lossless", "output_throughput", "request_throughput",
+                "mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p90_e2el_ms",
+                "spec_decode_acceptance_length"} <= set(row)
         assert row["repeats"] == 2 and row["completed"] == 4 and len(row["output_throughput_repeats"]) == 2
     winner = Winner.load(out / "winner.json")
     assert winner.expected_concurrency == 2 and winner.report == str(out / "report.md")
@@ -80,7 +82,7 @@ def test_a_planted_verification_bug_disqualifies_that_variant_only(run):
     out, summary = run
     rows = rows_of(out)
     assert all(r["lossless"] is (r["method"] != "peagle") for r in rows)
-    assert summary["disqualified"] == ["peagle K=2"]
+    assert summary["disqualified"] == ["peagle K=2", "peagle+lookup K=2"]
     verdict = json.loads((out / "lossless.json").read_text())["peagle K=2"]
     assert verdict["mismatched_prompts"] and verdict["mismatches"][0]["position"] >= 1
     assert "LOSSLESS CHECK FAILED" in (out / "report.md").read_text()

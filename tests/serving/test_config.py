@@ -32,6 +32,9 @@ def test_winner_file_gives_the_model(tmp_path):
     assert served.k_by_concurrency == {1: 5, 8: 2, 32: 0}
     assert served.served_model == "tiny-llama"
     assert ServeConfig(winner=str(path), model_name="prod").resolved().served_model == "prod"
+    assert not served.lookup
+    Winner(target="t", method="eagle3", head="h", k=4, lookup=True).save(path)
+    assert ServeConfig(winner=str(path)).resolved().lookup
 
 
 def test_explicit_model_defaults():
@@ -47,6 +50,10 @@ def test_explicit_model_defaults():
     ({"target": "t", "head": "h"}, "head: method none takes no head"),
     ({"target": "t", "k": 3}, "k: method none drafts nothing"),
     ({"target": "t", "method": "peagle", "head": "h", "tree": True}, "tree: method peagle cannot draft a tree"),
+    ({"target": "t", "method": "ngram", "lookup": True}, "lookup: prompt lookup first goes before a head"),
+    ({"target": "t", "method": "eagle3", "head": "h", "tree": True, "lookup": True},
+     "not method eagle3 drafting a tree"),
+    ({"winner": "w.json", "lookup": True}, "lookup: comes from the winner file"),
     ({"target": "t", "method": "medusa"}, "method\n  Input should be 'none', 'ngram', 'eagle3', 'peagle' or 'eagle'"),
     ({"target": "t", "k": -1}, "must be >= 0 or 'auto'"),
     ({"target": "t", "port": 0}, "port\n  Input should be greater than or equal to 1"),
