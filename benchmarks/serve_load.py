@@ -1,6 +1,6 @@
 """Load on the Ray Serve endpoint: many concurrent streaming clients, baseline against speculative.
 
-    python benchmarks/serve_load.py --target .aerie/targets/tiny-llama --head eagle3=DIR [--k auto]
+    python benchmarks/serve_load.py --target .aerie/targets/tiny-llama --head eagle3=DIR [--k auto] [--lookup]
         [--clients 32] [--seconds 15] [--single-seconds 5] [--repeats 4] [--max-tokens 64]
         [--out .aerie/bench/serve_load]
     python benchmarks/serve_load.py --winner RUN/bench/winner.json     # the speculative endpoint from a winner
@@ -206,7 +206,8 @@ def measure(configs: dict, args, prompts) -> list[dict]:
         single, loaded = (merged(windows[name][kind]) for kind in ("single", "loaded"))
         served = config.resolved()
         results.append({
-            "endpoint": name, "method": served.method, "k": served.k, "deploy_seconds": deployed[name],
+            "endpoint": name, "method": served.method, "k": served.k, "lookup": served.lookup,
+            "deploy_seconds": deployed[name],
             "single": single.summary(), "loaded": loaded.summary(),
             "aggregate_over_single": round(loaded.tokens_per_s / single.tokens_per_s, 2) if single.tokens else None,
             "windows": {kind: [w.summary() for w in ws] for kind, ws in windows[name].items()},
@@ -262,6 +263,7 @@ def main() -> None:
     parser.add_argument("--head", help="METHOD=DIR of the speculative endpoint (or --winner)")
     parser.add_argument("--winner", help="winner.json of the speculative endpoint")
     parser.add_argument("--k", default="auto", help="K of the speculative endpoint with --head (int or auto)")
+    parser.add_argument("--lookup", action="store_true", help="with --head: prompt lookup first, the head elsewhere")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--single-seconds", type=float, default=5.0)
@@ -299,7 +301,8 @@ def main() -> None:
         method, head = args.head.split("=", 1)
         k = args.k if args.k == "auto" else int(args.k)
         target = args.target
-        speculative = ServeConfig(target=target, method=method, head=head, k=k, name="speculative", **common)
+        speculative = ServeConfig(target=target, method=method, head=head, k=k, lookup=args.lookup,
+                                  name="speculative", **common)
     baseline = ServeConfig(target=target, name="baseline", **common)
     ray.init(address="local", include_dashboard=False, num_cpus=2, object_store_memory=512 * 1024**2,
              log_to_driver=False)
