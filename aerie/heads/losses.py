@@ -124,9 +124,12 @@ def shift_left(x: torch.Tensor, k: int, fill=0) -> torch.Tensor:
     return out
 
 
-def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """-sum_v p_target(v) log q(v), per row; p_target = softmax(target_logits)."""
-    p = torch.softmax(target_logits.float(), dim=-1)
+def soft_cross_entropy(
+    logits: torch.Tensor, target_logits: torch.Tensor | None = None, target_probs: torch.Tensor | None = None
+) -> torch.Tensor:
+    """-sum_v p_target(v) log q(v), per row; p_target = softmax(target_logits), or `target_probs`
+    when a caller gathers them from probabilities computed once per row."""
+    p = torch.softmax(target_logits.float(), dim=-1) if target_probs is None else target_probs
     return -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
 
 
@@ -491,8 +494,9 @@ class PEagleElements:
         return cls(anchor.to(device), depth.to(device), present.to(device))
 
 
-def peagle_forward(head, hb: HeadBatch, elements: PEagleElements):
-    """One head forward over P-EAGLE elements. Returns (HeadOutput, target row index [B, E])."""
+def peagle_forward(head, hb: HeadBatch, elements: PEagleElements, logits_at: torch.Tensor | None = None):
+    """One head forward over P-EAGLE elements. Returns (HeadOutput, target row index [B, E]);
+    the logits only at the elements `logits_at` [B, m] when given."""
     anchor, depth, present = elements.anchor, elements.depth, elements.present
     n = hb.input_ids.shape[1]
     row = (anchor + depth).clamp(max=n - 1)
@@ -502,7 +506,15 @@ def peagle_forward(head, hb: HeadBatch, elements: PEagleElements):
     feats = hb.features.gather(1, anchor[..., None].expand(-1, -1, hb.features.shape[-1]))
     feats = torch.where(is_mask[..., None], head.mask_hidden.to(feats.dtype), feats.to(head.mask_hidden.dtype))
     mask = peagle_mask(anchor, depth, present)
-    return head(ids, positions, features=feats, attention_mask=mask), row
+    return head(ids, positions, features=feats, attention_mask=mask, logits_at=logits_at), row
+
+
+def _selected(selected: torch.Tensor) -> torch.Tensor:
+    """[B, m] indices of each row's True entries of `selected` [B, E], ascending, padded with others."""
+    batch, width = selected.shape
+    m = max(1, int(selected.sum(1).max()))
+    index = torch.arange(width, device=selected.device).expand(batch, width)
+    return torch.sort(torch.argsort((~selected).long() * width + index, dim=1)[:, :m], dim=1).values
 
 
 def peagle_loss(
@@ -515,19 +527,26 @@ def peagle_loss(
 ) -> LossOutput:
     """P-EAGLE: depth-sampled elements, count-normalised soft CE (metrics per depth over the
     sampled elements; `peagle_agreement` gives chain rates)."""
+    # Depth 0 keeps the prompt's rows as context; only the counted elements (a reply row to
+    # predict) pay for the vocabulary projection and the soft CE, and the target's distribution is
+    # computed once per row, not once per element.
     rows = peagle_sample(hb.valid, hb.loss_mask, depths, ratio, ratio_min, generator)
     elements = PEagleElements.pack(rows, hb.input_ids.device)
-    out, row = peagle_forward(head, hb, elements)
-    counted = elements.present & hb.loss_mask.gather(1, row)
+    n = hb.input_ids.shape[1]
+    row = (elements.anchor + elements.depth).clamp(max=n - 1)
+    at = _selected(elements.present & hb.loss_mask.gather(1, row))
+    out, row = peagle_forward(head, hb, elements, logits_at=at)
+    row, depth = row.gather(1, at), elements.depth.gather(1, at)
+    counted = elements.present.gather(1, at) & hb.loss_mask.gather(1, row)
     weight = counted & hb.in_vocab.gather(1, row)
-    labels = hb.target_logits.gather(1, row[..., None].expand(-1, -1, hb.target_logits.shape[-1]))
-    ce = soft_cross_entropy(out.logits, labels)
+    probs = torch.softmax(hb.target_logits.float(), dim=-1)
+    ce = soft_cross_entropy(out.logits, target_probs=probs.gather(1, row[..., None].expand(-1, -1, probs.shape[-1])))
     loss = _masked_mean(ce, weight)
     metrics: dict[str, float] = {}
     with torch.no_grad():
         correct = head.draft_to_target(out.logits.argmax(-1)) == hb.target_top1.gather(1, row)
         for d in range(depths):
-            sel = counted & (elements.depth == d)
+            sel = counted & (depth == d)
             if not bool(sel.any()):
                 break
             metrics[f"loss_{d + 1}"] = float(_masked_mean(ce, sel & weight))

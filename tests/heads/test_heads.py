@@ -14,9 +14,12 @@ from aerie.heads.losses import (
     active_rows,
     peagle_forward,
     peagle_grid,
+    peagle_loss,
     peagle_mask,
+    peagle_sample,
     prepare_batch,
     shift_left,
+    soft_cross_entropy,
     ttt_mask,
     unroll,
 )
@@ -285,6 +288,29 @@ def test_peagle_training_forward_equals_parallel_drafting(target):
                     continue
                 e = int(((elements.anchor[b] == a) & (elements.depth[b] == d) & elements.present[b]).nonzero())
                 torch.testing.assert_close(out.logits[b, e], drafted[d], atol=1e-5, rtol=1e-5)
+
+
+def test_peagle_loss_on_counted_elements_equals_the_loss_over_every_element(target):
+    """The loss projects to the vocabulary only where a reply row is predicted; the value and its
+    gradients are those of the loss over every element's logits, masked."""
+    head = make_head(target, "peagle").train()
+    ids, attn, loss = random_batch(batch=3, length=20, seed=6)
+    loss[:, :8] = False  # a prompt: context only
+    hb = prepare_batch(target, head, ids, attn, loss)
+    out = peagle_loss(head, hb, depths=4, generator=torch.Generator().manual_seed(3))
+    grads = torch.autograd.grad(out.loss, [head.fc.weight, head.mask_hidden])
+
+    rows = peagle_sample(hb.valid, hb.loss_mask, 4, generator=torch.Generator().manual_seed(3))
+    elements = PEagleElements.pack(rows, hb.input_ids.device)
+    full, row = peagle_forward(head, hb, elements)
+    weight = elements.present & hb.loss_mask.gather(1, row) & hb.in_vocab.gather(1, row)
+    labels = hb.target_logits.gather(1, row[..., None].expand(-1, -1, hb.target_logits.shape[-1]))
+    ce = soft_cross_entropy(full.logits, labels)
+    reference = (ce * weight).sum() / weight.sum()
+    assert bool((~weight & elements.present).any())  # some elements are context only
+    torch.testing.assert_close(out.loss, reference)
+    for got, want in zip(grads, torch.autograd.grad(reference, [head.fc.weight, head.mask_hidden]), strict=True):
+        torch.testing.assert_close(got, want)
 
 
 def test_prepare_batch_alignment(target):
