@@ -328,7 +328,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         single, loaded = r["single"], r["loaded"]
-        print(f"| {r['endpoint']} ({r['method']}, k={r['k']}) | {single['output_throughput']} | "
+        method = r["method"] + ("+lookup" if r["lookup"] else "")
+        print(f"| {r['endpoint']} ({method}, k={r['k']}) | {single['output_throughput']} | "
               f"{loaded['output_throughput']} | {r['aggregate_over_single']} | {loaded['completed']} | "
               f"{loaded['rate_limited']} | {loaded['server_errors']} | {loaded['failed']} |")
     print(f"\nspeculative / baseline at {args.clients} clients: {report['speculative_over_baseline']} (median of the "
