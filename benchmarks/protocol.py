@@ -137,7 +137,7 @@ def train_heads(args, target, data) -> dict:
             clock="cpu", warmup_steps=20,
             cache_target=True, ttt_steps=args.ttt_steps, peagle_depths=depth, eval_depth=depth,
             seed=args.seed,
-        ) | dict(parse_set(item, method) for item in args.train_set if parse_set(item, method))
+        ) | dict(pair for item in args.train_set if (pair := parse_set(item, method)))
         layers = args.peagle_layers if method == "peagle" else None
         if report.is_file() and (cached := json.loads(report.read_text())).get("recipe") == recipe \
                 and cached.get("layers", 2 if layers else None) == layers:

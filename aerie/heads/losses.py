@@ -291,12 +291,17 @@ def active_rows(loss_mask: torch.Tensor, steps: int) -> tuple[torch.Tensor, torc
     need = torch.zeros_like(loss_mask)
     for k in range(steps):
         need |= shift_left(loss_mask, k, False)
-    batch, n = need.shape
-    m = max(1, int(need.sum(1).max()))
-    index = torch.arange(n, device=need.device).expand(batch, n)
-    order = torch.argsort((~need).long() * n + index, dim=1)[:, :m]
-    rows = torch.sort(order, dim=1).values
+    rows = true_first(need)
     return rows, need.gather(1, rows)
+
+
+def true_first(selected: torch.Tensor) -> torch.Tensor:
+    """[B, m] indices of each row's True entries of `selected` [B, n], ascending, padded with others
+    (m: the most True entries of any row, at least 1)."""
+    batch, n = selected.shape
+    m = max(1, int(selected.sum(1).max()))
+    index = torch.arange(n, device=selected.device).expand(batch, n)
+    return torch.sort(torch.argsort((~selected).long() * n + index, dim=1)[:, :m], dim=1).values
 
 
 def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -493,13 +498,16 @@ class PEagleElements:
             present[b, : a.numel()] = True
         return cls(anchor.to(device), depth.to(device), present.to(device))
 
+    def target_rows(self, n: int) -> torch.Tensor:
+        """[B, E] the head-frame row each element predicts (its anchor plus its depth)."""
+        return (self.anchor + self.depth).clamp(max=n - 1)
+
 
 def peagle_forward(head, hb: HeadBatch, elements: PEagleElements, logits_at: torch.Tensor | None = None):
     """One head forward over P-EAGLE elements. Returns (HeadOutput, target row index [B, E]);
     the logits only at the elements `logits_at` [B, m] when given."""
     anchor, depth, present = elements.anchor, elements.depth, elements.present
-    n = hb.input_ids.shape[1]
-    row = (anchor + depth).clamp(max=n - 1)
+    row = elements.target_rows(hb.input_ids.shape[1])
     is_mask = depth > 0
     ids = torch.where(is_mask, torch.full_like(anchor, head.mask_token_id), hb.input_ids.gather(1, anchor))
     positions = hb.position_ids.gather(1, anchor) + depth
@@ -507,14 +515,6 @@ def peagle_forward(head, hb: HeadBatch, elements: PEagleElements, logits_at: tor
     feats = torch.where(is_mask[..., None], head.mask_hidden.to(feats.dtype), feats.to(head.mask_hidden.dtype))
     mask = peagle_mask(anchor, depth, present)
     return head(ids, positions, features=feats, attention_mask=mask, logits_at=logits_at), row
-
-
-def _selected(selected: torch.Tensor) -> torch.Tensor:
-    """[B, m] indices of each row's True entries of `selected` [B, E], ascending, padded with others."""
-    batch, width = selected.shape
-    m = max(1, int(selected.sum(1).max()))
-    index = torch.arange(width, device=selected.device).expand(batch, width)
-    return torch.sort(torch.argsort((~selected).long() * width + index, dim=1)[:, :m], dim=1).values
 
 
 def peagle_loss(
@@ -532,10 +532,9 @@ def peagle_loss(
     # computed once per row, not once per element.
     rows = peagle_sample(hb.valid, hb.loss_mask, depths, ratio, ratio_min, generator)
     elements = PEagleElements.pack(rows, hb.input_ids.device)
-    n = hb.input_ids.shape[1]
-    row = (elements.anchor + elements.depth).clamp(max=n - 1)
-    at = _selected(elements.present & hb.loss_mask.gather(1, row))
-    out, row = peagle_forward(head, hb, elements, logits_at=at)
+    row = elements.target_rows(hb.input_ids.shape[1])
+    at = true_first(elements.present & hb.loss_mask.gather(1, row))
+    out, _ = peagle_forward(head, hb, elements, logits_at=at)
     row, depth = row.gather(1, at), elements.depth.gather(1, at)
     counted = elements.present.gather(1, at) & hb.loss_mask.gather(1, row)
     weight = counted & hb.in_vocab.gather(1, row)
