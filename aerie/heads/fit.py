@@ -66,6 +66,7 @@ class TrainConfig:
     peagle_depths: int = 8
     peagle_ratio: float = 0.7
     peagle_ratio_min: float = 0.2
+    peagle_top1_weight: float = 0.5  # the top-1 token's share of a blind depth's label
     # EAGLE (EAGLE-1 weights)
     eagle_steps: int = 1
     feature_weight: float = 1.0
@@ -153,7 +154,10 @@ def compute_loss(head: DraftHead, hb, config: TrainConfig, generator: torch.Gene
     if head.method == "eagle3":
         return ttt_loss(head, hb, config.ttt_steps, config.ttt_decay)
     if head.method == "peagle":
-        return peagle_loss(head, hb, config.peagle_depths, config.peagle_ratio, config.peagle_ratio_min, generator)
+        return peagle_loss(
+            head, hb, config.peagle_depths, config.peagle_ratio, config.peagle_ratio_min, generator,
+            config.peagle_top1_weight,
+        )
     if head.method == "eagle":
         return eagle_loss(head, hb, config.eagle_steps, config.ttt_decay, config.feature_weight, config.token_weight)
     raise ValueError(f"unknown head method {head.method!r}")

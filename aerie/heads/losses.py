@@ -17,7 +17,8 @@ vocabulary is simply a miss, as it is for the engine).
   exactly what the head's KV cache holds when the engine drafts a chain from row j. Loss:
   sum_k decay^k * mean soft-CE(p_target over the draft vocabulary, q_draft).
 - P-EAGLE (`peagle_loss`): depth-sampled (anchor, depth) elements in one forward, the attention
-  pattern of `peagle_mask`, count-normalised soft CE, no per-depth decay.
+  pattern of `peagle_mask`, count-normalised CE (soft at depth 0, the target's top-1 mixed into the
+  label of the blind depths), no per-depth decay.
 - EAGLE (`eagle_loss`): smooth-L1 regression of the next feature + 0.1 x token soft CE through the
   target's lm_head (EAGLE's weights 1.0 / 0.1), optionally unrolled like TTT.
 
@@ -524,9 +525,18 @@ def peagle_loss(
     ratio: float = 0.7,
     ratio_min: float = 0.2,
     generator: torch.Generator | None = None,
+    top1_weight: float = 0.5,
 ) -> LossOutput:
-    """P-EAGLE: depth-sampled elements, count-normalised soft CE (metrics per depth over the
-    sampled elements; `peagle_agreement` gives chain rates)."""
+    """P-EAGLE: depth-sampled elements, count-normalised CE (metrics per depth over the sampled
+    elements; `peagle_agreement` gives chain rates).
+
+    Depth 0 learns the target's distribution (soft CE). A placeholder at depth d >= 1 does not see
+    the tokens between its anchor and its own position, so the minimiser of the soft CE there is
+    the target's distribution averaged over those unseen paths, whose argmax need not be the token
+    greedy verification accepts most often: the target's top-1. Its label is therefore
+    `top1_weight` x the top-1 token + (1 - `top1_weight`) x the target's distribution, which moves
+    the minimiser's argmax to what acceptance rewards while keeping the soft target's signal (tiny
+    protocol, held-out replies, tau@8: 5.74 soft only, 6.42 at 0.5, 6.21 at 1.0)."""
     # Depth 0 keeps the prompt's rows as context; only the counted elements (a reply row to
     # predict) pay for the vocabulary projection and the soft CE, and the target's distribution is
     # computed once per row, not once per element.
@@ -540,6 +550,11 @@ def peagle_loss(
     weight = counted & hb.in_vocab.gather(1, row)
     probs = torch.softmax(hb.target_logits.float(), dim=-1)
     ce = soft_cross_entropy(out.logits, target_probs=probs.gather(1, row[..., None].expand(-1, -1, probs.shape[-1])))
+    if top1_weight:
+        top1 = probs.argmax(-1).gather(1, row)
+        hard = -torch.log_softmax(out.logits.float(), dim=-1).gather(-1, top1[..., None]).squeeze(-1)
+        blind = (depth > 0).to(ce.dtype) * top1_weight
+        ce = (1 - blind) * ce + blind * hard
     loss = _masked_mean(ce, weight)
     metrics: dict[str, float] = {}
     with torch.no_grad():
