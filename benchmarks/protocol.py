@@ -143,7 +143,7 @@ def train_heads(args, target, data) -> dict:
         recipe = json.loads(json.dumps(asdict(config)))  # every field: a changed default retrains
         layers = args.peagle_layers if method == "peagle" else None
         if report.is_file() and (cached := json.loads(report.read_text())).get("recipe") == recipe \
-                and cached.get("layers", 2 if layers else None) == layers:
+                and cached.get("layers") == layers:
             results[method] = cached
             continue
         head, fit = train_head(

@@ -549,12 +549,12 @@ def peagle_loss(
     counted = elements.present.gather(1, at) & hb.loss_mask.gather(1, row)
     weight = counted & hb.in_vocab.gather(1, row)
     probs = torch.softmax(hb.target_logits.float(), dim=-1)
-    ce = soft_cross_entropy(out.logits, target_probs=probs.gather(1, row[..., None].expand(-1, -1, probs.shape[-1])))
+    labels = probs.gather(1, row[..., None].expand(-1, -1, probs.shape[-1]))
     if top1_weight:
-        top1 = probs.argmax(-1).gather(1, row)
-        hard = -torch.log_softmax(out.logits.float(), dim=-1).gather(-1, top1[..., None]).squeeze(-1)
-        blind = (depth > 0).to(ce.dtype) * top1_weight
-        ce = (1 - blind) * ce + blind * hard
+        blind = (depth > 0).to(labels.dtype)[..., None] * top1_weight
+        labels = labels * (1 - blind)
+        labels.scatter_add_(-1, probs.argmax(-1).gather(1, row)[..., None], blind)
+    ce = soft_cross_entropy(out.logits, target_probs=labels)
     loss = _masked_mean(ce, weight)
     metrics: dict[str, float] = {}
     with torch.no_grad():
