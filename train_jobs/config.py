@@ -84,6 +84,8 @@ class FitConfig(BaseModel):
     peagle_ratio_min: float = Field(0.2, gt=0, le=1)
     peagle_top1_weight: float = Field(0.5, ge=0, le=1, description="The target's top-1 token's share of the "
                                       "label at P-EAGLE's blind depths (the rest: the target's distribution).")
+    peagle_depth0_weight: float = Field(3.0, gt=0, description="A depth-0 element's weight in P-EAGLE's loss "
+                                        "(a blind depth's: 1).")
     eagle_steps: int = Field(1, ge=1, le=16)
     feature_weight: float = Field(1.0, ge=0)
     token_weight: float = Field(0.1, ge=0)
@@ -178,6 +180,7 @@ class FitConfig(BaseModel):
             peagle_ratio=self.peagle_ratio,
             peagle_ratio_min=self.peagle_ratio_min,
             peagle_top1_weight=self.peagle_top1_weight,
+            peagle_depth0_weight=self.peagle_depth0_weight,
             eagle_steps=self.eagle_steps,
             feature_weight=self.feature_weight,
             token_weight=self.token_weight,

@@ -67,6 +67,7 @@ class TrainConfig:
     peagle_ratio: float = 0.7
     peagle_ratio_min: float = 0.2
     peagle_top1_weight: float = 0.5  # the top-1 token's share of a blind depth's label
+    peagle_depth0_weight: float = 3.0  # a depth-0 element's weight in the loss (a blind depth's: 1)
     # EAGLE (EAGLE-1 weights)
     eagle_steps: int = 1
     feature_weight: float = 1.0
@@ -156,7 +157,7 @@ def compute_loss(head: DraftHead, hb, config: TrainConfig, generator: torch.Gene
     if head.method == "peagle":
         return peagle_loss(
             head, hb, config.peagle_depths, config.peagle_ratio, config.peagle_ratio_min, generator,
-            config.peagle_top1_weight,
+            config.peagle_top1_weight, config.peagle_depth0_weight,
         )
     if head.method == "eagle":
         return eagle_loss(head, hb, config.eagle_steps, config.ttt_decay, config.feature_weight, config.token_weight)

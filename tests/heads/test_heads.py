@@ -290,16 +290,20 @@ def test_peagle_training_forward_equals_parallel_drafting(target):
                 torch.testing.assert_close(out.logits[b, e], drafted[d], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("top1_weight", [0.0, 0.5])
-def test_peagle_loss_on_counted_elements_equals_the_loss_over_every_element(target, top1_weight):
+@pytest.mark.parametrize(("top1_weight", "depth0_weight"), [(0.0, 1.0), (0.5, 3.0)])
+def test_peagle_loss_on_counted_elements_equals_the_loss_over_every_element(target, top1_weight, depth0_weight):
     """The loss projects to the vocabulary only where a reply row is predicted; the value and its
     gradients are those of the loss over every element's logits, masked: soft CE at depth 0, and
-    at the blind depths `top1_weight` x CE of the target's top-1 + the rest x soft CE."""
+    at the blind depths `top1_weight` x CE of the target's top-1 + the rest x soft CE, the mean
+    weighted `depth0_weight` : 1 between depth 0's elements and the blind depths'."""
     head = make_head(target, "peagle").train()
     ids, attn, loss = random_batch(batch=3, length=20, seed=6)
     loss[:, :8] = False  # a prompt: context only
     hb = prepare_batch(target, head, ids, attn, loss)
-    out = peagle_loss(head, hb, depths=4, generator=torch.Generator().manual_seed(3), top1_weight=top1_weight)
+    out = peagle_loss(
+        head, hb, depths=4, generator=torch.Generator().manual_seed(3), top1_weight=top1_weight,
+        depth0_weight=depth0_weight,
+    )
     grads = torch.autograd.grad(out.loss, [head.fc.weight, head.mask_hidden])
 
     rows = peagle_sample(hb.valid, hb.loss_mask, 4, generator=torch.Generator().manual_seed(3))
@@ -311,8 +315,9 @@ def test_peagle_loss_on_counted_elements_equals_the_loss_over_every_element(targ
     hard = torch.nn.functional.cross_entropy(full.logits.flatten(0, 1), labels.argmax(-1).flatten(), reduction="none")
     share = torch.where(elements.depth > 0, top1_weight, 0.0)
     ce = (1 - share) * soft + share * hard.view_as(soft)
+    weight = weight * torch.where(elements.depth == 0, depth0_weight, 1.0)
     reference = (ce * weight).sum() / weight.sum()
-    assert bool((~weight & elements.present).any())  # some elements are context only
+    assert bool(((weight == 0) & elements.present).any())  # some elements are context only
     torch.testing.assert_close(out.loss, reference)
     for got, want in zip(grads, torch.autograd.grad(reference, [head.fc.weight, head.mask_hidden]), strict=True):
         torch.testing.assert_close(got, want)
