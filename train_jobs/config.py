@@ -77,6 +77,10 @@ class FitConfig(BaseModel):
     warmup_ratio: float = Field(0.05, ge=0, le=1)
     min_lr_ratio: float = Field(0.05, ge=0, le=1)
     grad_clip: float = Field(0.5, gt=0)
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: the head's forward and loss under bf16 autocast (weights, optimiser state and "
+        "the target's labels stay fp32); far cheaper steps on GPUs and on CPUs with bf16 matmuls."
+    )
     ttt_steps: int = Field(3, ge=1, le=16, description="EAGLE-3 training-time-test unroll.")
     ttt_decay: float = Field(0.8, gt=0, le=1)
     peagle_depths: int = Field(8, ge=1, le=32)
@@ -173,6 +177,7 @@ class FitConfig(BaseModel):
             warmup_ratio=self.warmup_ratio,
             min_lr_ratio=self.min_lr_ratio,
             grad_clip=self.grad_clip,
+            precision=self.precision,
             max_steps=self.max_steps,
             ttt_steps=self.ttt_steps,
             ttt_decay=self.ttt_decay,

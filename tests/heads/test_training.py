@@ -137,6 +137,24 @@ def test_train_step_through_objective_wrapper(sharp_target):
         assert torch.equal(pa, pb)
 
 
+@pytest.mark.parametrize("method", ["eagle3", "peagle"])
+def test_bf16_precision_trains_close_to_fp32(sharp_target, method):
+    """bf16 autocast runs the head in bf16 and keeps fp32 weights; its losses track fp32's."""
+    data = greedy_examples(sharp_target, count=4, seed=6)
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        config = TrainConfig(epochs=20, batch_size=4, lr=3e-3, ttt_steps=2, peagle_depths=3, precision=precision)
+        head, result = train_head(sharp_target, method, data, None, config, draft_vocab_size=128, progress=False)
+        assert all(p.dtype == torch.float32 for p in head.parameters())
+        runs[precision] = [h["loss"] for h in result.history]
+    fp32, bf16 = runs["fp32"], runs["bf16"]
+    assert fp32 != bf16  # autocast did run
+    assert bf16[-1] < 0.5 * bf16[0] and abs(bf16[-1] - fp32[-1]) < 0.1 * fp32[0], (fp32, bf16)
+    with pytest.raises(ValueError, match="precision"):
+        train_head(sharp_target, method, data, None, TrainConfig(precision="fp16"), draft_vocab_size=128,
+                   progress=False)
+
+
 def test_cached_target_outputs(target):
     """Caching the target's outputs changes nothing in the first epoch and trains on after."""
     data = greedy_examples(target, count=6, seed=4)
