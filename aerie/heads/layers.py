@@ -7,13 +7,11 @@ Attention takes an optional `cache` with the slot-cache protocol of `aerie.engin
 `update(key_states [B, kv_heads, q, D], value_states, layer_idx) -> (keys [B, kv_heads, kv, D], values)`.
 Keys are stored after RoPE. The mask is boolean, `[B, 1, q, kv]`, True = attend. A cache whose
 `segments` are set (`aerie.target.segmented_attention.Run`) has each run of rows read only its own
-columns of its own key rows (the keys `update` returned may then be the whole slot pool's). A
-`ChainMask` in place of the boolean mask keeps a sparse pattern in two parts (P-EAGLE's training).
+columns of its own key rows (the keys `update` returned may then be the whole slot pool's).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -96,47 +94,6 @@ def causal_mask(q: int, kv: int, device: torch.device) -> torch.Tensor:
     return torch.arange(kv, device=device)[None, :] <= rows
 
 
-@dataclass
-class ChainMask:
-    """A mask of two parts: a dense `[B, 1, q, W]` block over the first W keys, and per query up to
-    J more keys by index (`chain` [B, q, J] key columns, `chain_ok` [B, q, J] which of them count).
-    P-EAGLE's elements see context rows, all among the first W columns, and their own chain of at
-    most J placeholders, so attention costs q x (W + J) where a dense mask costs q x q."""
-
-    dense: torch.Tensor
-    chain: torch.Tensor
-    chain_ok: torch.Tensor
-
-    def to_dense(self, kv: int) -> torch.Tensor:
-        """The same pattern as one `[B, 1, q, kv]` boolean mask."""
-        batch, _, q, width = self.dense.shape
-        full = torch.zeros(batch, q, kv + 1, dtype=torch.long, device=self.dense.device)
-        full[..., :width] = self.dense[:, 0].long()
-        full.scatter_add_(-1, torch.where(self.chain_ok, self.chain, kv), self.chain_ok.long())
-        return full[:, None, :, :kv] > 0
-
-
-def chain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: ChainMask) -> torch.Tensor:
-    """Attention [B, h, q, D] under a `ChainMask`, its softmax in fp32. A query that sees nothing
-    (padding) gets a uniform average instead of NaN."""
-    batch, heads, q, dim = query.shape
-    if key.shape[1] != heads:
-        key, value = (t.repeat_interleave(heads // key.shape[1], dim=1) for t in (key, value))
-    width, span = mask.dense.shape[-1], mask.chain.shape[-1]
-    # the chain's keys and values, taken by flat row index ([B * kv] rows of h x D)
-    flat = (mask.chain + key.shape[2] * torch.arange(batch, device=query.device)[:, None, None]).flatten()
-    chain_key, chain_value = (
-        t.transpose(1, 2).flatten(0, 1)[flat].view(batch, q, span, heads, dim) for t in (key, value)
-    )
-    scores = torch.cat([
-        query @ key[:, :, :width].transpose(-1, -2),
-        torch.einsum("bhqd,bqjhd->bhqj", query, chain_key),
-    ], dim=-1).float() * dim**-0.5
-    allowed = torch.cat([mask.dense, mask.chain_ok[:, None]], dim=-1)
-    probs = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(-1).to(value.dtype)
-    return probs[..., :width] @ value[:, :, :width] + torch.einsum("bhqj,bqjhd->bhqd", probs[..., width:], chain_value)
-
-
 class Attention(nn.Module):
     """GQA attention. `bias`: on q, k, v and o (Hugging Face's `attention_bias`). `qk_norm`: an
     RMSNorm over each head's query and key before RoPE (Qwen3's `q_norm` / `k_norm`)."""
@@ -178,9 +135,6 @@ class Attention(nn.Module):
         if cache is not None:
             key, value = cache.update(key, value, layer_idx)
         kv = key.shape[2]
-        if isinstance(attention_mask, ChainMask):
-            out = chain_attention(query, key.to(query.dtype), value.to(query.dtype), attention_mask)
-            return self.o_proj(out.transpose(1, 2).reshape(batch, q, self.num_heads * self.head_dim))
         if attention_mask is None:
             mask = causal_mask(q, kv, x.device)[None, None]
         else:

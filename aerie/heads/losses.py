@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from aerie.heads.base import DraftHead
-from aerie.heads.layers import ChainMask, ListCache
+from aerie.heads.layers import ListCache
 
 # ---- the head frame ----------------------------------------------------------------------------
 
@@ -470,23 +470,13 @@ def peagle_grid(valid: torch.Tensor, loss_mask: torch.Tensor, depths: int) -> li
     return rows
 
 
-def peagle_mask(anchor: torch.Tensor, depth: torch.Tensor, present: torch.Tensor) -> ChainMask:
-    """Query (a, d) sees key (a', d') iff the key is present and either (d' == 0 and a' <= a) or
-    (a' == a and 1 <= d' <= d): the context rows up to its anchor, which `PEagleElements` packs
-    first in every row, then its own placeholders (at most depth - 1 of them, and itself)."""
-    batch, count = anchor.shape
-    width, span, n = torch.stack([(present & (depth == 0)).sum(1).max(), depth.max(), anchor.max() + 1]).tolist()
-    span = max(span, 1)
-    key_anchor, key_depth, key_present = anchor[:, :width], depth[:, :width], present[:, :width]
-    dense = (key_depth[:, None] == 0) & (key_anchor[:, None] <= anchor[..., None]) & key_present[:, None]
-    # the column of element (a, d) at lookup[b, d * n + a] (-1: absent); absent elements go to a spare slot
-    lookup = torch.full((batch, (span + 1) * n + 1), -1, dtype=torch.long, device=anchor.device)
-    slot = torch.where(present, depth * n + anchor, (span + 1) * n)
-    lookup.scatter_(1, slot, torch.arange(count, device=anchor.device).expand(batch, -1))
-    steps = torch.arange(1, span + 1, device=anchor.device)
-    chain = lookup.gather(1, (steps * n + anchor[..., None]).flatten(1)).view(batch, count, span)
-    chain_ok = (steps <= depth[..., None]) & (chain >= 0) & present[..., None]
-    return ChainMask(dense[:, None], chain.clamp(min=0), chain_ok)
+def peagle_mask(anchor: torch.Tensor, depth: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """[B, 1, E, E] bool: query (a, d) sees key (a', d') iff the key is present and either
+    (d' == 0 and a' <= a) or (a' == a and d' <= d)."""
+    qa, ka = anchor[:, :, None], anchor[:, None, :]
+    qd, kd = depth[:, :, None], depth[:, None, :]
+    mask = ((kd == 0) & (ka <= qa)) | ((ka == qa) & (kd <= qd))
+    return (mask & present[:, None, :])[:, None]
 
 
 @dataclass
