@@ -81,6 +81,12 @@ class TrainConfig:
     eval_batch_size: int = 4
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.clock not in ("wall", "cpu"):
+            raise ValueError(f"clock must be 'wall' or 'cpu', got {self.clock!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+
 
 def collate(examples: Sequence[Example], max_length: int | None = None, pad_id: int = 0):
     """(input_ids [B, N], attention_mask [B, N] long, loss_mask [B, N] bool), right-padded, on the
@@ -205,8 +211,6 @@ def train_step(
     head = unwrap_head(model)
     objective = Objective(head, config) if model is head else model
     objective.train()
-    if config.precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be 'fp32' or 'bf16', got {config.precision!r}")
     hb = batch if isinstance(batch, HeadBatch) else prepare_examples(target, head, batch, config.max_length)
     with torch.autocast(hb.input_ids.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
         out = objective(hb, generator)
@@ -277,8 +281,6 @@ def fit(
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
-    if config.clock not in ("wall", "cpu"):
-        raise ValueError(f"clock must be 'wall' or 'cpu', got {config.clock!r}")
     clock = time.monotonic if config.clock == "wall" else time.process_time
     start, cpu_start = time.monotonic(), time.process_time()
     budget_start = clock()
