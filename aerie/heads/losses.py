@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from aerie.heads.base import DraftHead
+from aerie.heads.distill import distill_cross_entropy
 from aerie.heads.layers import ListCache
 
 # ---- the head frame ----------------------------------------------------------------------------
@@ -123,15 +124,6 @@ def shift_left(x: torch.Tensor, k: int, fill=0) -> torch.Tensor:
     if k < x.shape[1]:
         out[:, : x.shape[1] - k] = x[:, k:]
     return out
-
-
-def soft_cross_entropy(
-    logits: torch.Tensor, target_logits: torch.Tensor | None = None, target_probs: torch.Tensor | None = None
-) -> torch.Tensor:
-    """-sum_v p_target(v) log q(v), per row; p_target = softmax(target_logits), or `target_probs`
-    when a caller gathers them from probabilities computed once per row."""
-    p = torch.softmax(target_logits.float(), dim=-1) if target_probs is None else target_probs
-    return -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -312,19 +304,30 @@ def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return x.gather(1, rows[..., None].expand(-1, -1, *x.shape[2:]))
 
 
-def unroll(head: DraftHead, hb: HeadBatch, steps: int, rows: torch.Tensor | None = None):
+def unroll(
+    head: DraftHead,
+    hb: HeadBatch,
+    steps: int,
+    rows: torch.Tensor | None = None,
+    first_rows: torch.Tensor | None = None,
+):
     """The chain a head drafts from every row at once: `steps` forwards through one ListCache.
 
-    Step 0 runs over all n rows (its keys are everybody's context); steps >= 1 over `rows` [B, m]
-    only (all rows when None; `active_rows` picks the ones a loss needs). Yields
-    (k, HeadOutput, row indices [B, m_k]) for k = 0..steps-1; step k at row j drafts the token at
-    row j + k + 1 from token x_{j+1+k} and the step k-1 hidden state of row j.
+    Step 0 runs over all n rows (its keys are everybody's context), its logits only at
+    `first_rows` [B, m_0] when given (the rows a loss or metric reads: the prompt's rows are context
+    only); steps >= 1 over `rows` [B, m] only (all rows when None; `active_rows` picks the ones a
+    loss needs). Yields (k, HeadOutput, row indices [B, m_k] of its logits) for k = 0..steps-1;
+    step k at row j drafts the token at row j + k + 1 from token x_{j+1+k} and the step k-1 hidden
+    state of row j.
     """
     batch, n = hb.input_ids.shape
     all_rows = torch.arange(n, device=hb.input_ids.device).expand(batch, n)
     cache = ListCache(head.num_layers)
-    out = head(hb.input_ids, hb.position_ids, features=hb.features, attention_mask=ttt_mask(hb.valid, 0), cache=cache)
-    yield 0, out, all_rows
+    out = head(
+        hb.input_ids, hb.position_ids, features=hb.features, attention_mask=ttt_mask(hb.valid, 0), cache=cache,
+        logits_at=first_rows,
+    )
+    yield 0, out, all_rows if first_rows is None else first_rows
     rows = all_rows if rows is None else rows
     hidden = _take(out.hidden, rows)
     positions = _take(hb.position_ids, rows)
@@ -347,9 +350,10 @@ def _at_step(x: torch.Tensor, rows: torch.Tensor, k: int, fill) -> torch.Tensor:
     return torch.where(inside, taken, torch.as_tensor(fill, dtype=taken.dtype, device=taken.device))
 
 
-def _drafted_grid(head: DraftHead, logits: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
-    """The head's top-1 drafts (target ids) made at `rows`, scattered into [B, n] (-1 elsewhere)."""
-    pred = head.draft_to_target(logits.detach().argmax(-1))
+def _drafted_grid(head: DraftHead, drafted: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The head's top-1 drafts (`drafted` [B, m], draft ids) made at `rows`, as target ids
+    scattered into [B, n] (-1 elsewhere)."""
+    pred = head.draft_to_target(drafted)
     full = torch.full((pred.shape[0], n), -1, dtype=pred.dtype, device=pred.device)
     return full.scatter(1, rows, pred)
 
@@ -360,15 +364,15 @@ def ttt_loss(head: DraftHead, hb: HeadBatch, steps: int = 3, decay: float = 0.8)
     preds, step_losses = [], []
     n = hb.input_ids.shape[1]
     rows, needed = active_rows(hb.loss_mask, steps)
-    for k, out, at in unroll(head, hb, steps, rows):
+    for k, out, at in unroll(head, hb, steps, rows, first_rows=true_first(hb.loss_mask)):
         weight = _at_step(hb.loss_mask, at, k, False) & _at_step(hb.in_vocab, at, k, False)
         if k > 0:
             weight = weight & needed
-        ce = soft_cross_entropy(out.logits, _at_step(hb.target_logits, at, k, 0.0))
+        ce, drafted = distill_cross_entropy(out.logits, hb.target_logits, (at + k).clamp(max=n - 1))
         step = _masked_mean(ce, weight)
         total = total + (decay**k) * step
         step_losses.append(float(step.detach()))
-        preds.append(_drafted_grid(head, out.logits, at, n))
+        preds.append(_drafted_grid(head, drafted, at, n))
     return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
 
 
@@ -393,11 +397,11 @@ def eagle_loss(
             mask = mask & needed
         goal = _at_step(hb.next_features, at, k, 0.0).to(out.hidden.dtype)
         vloss = _masked_mean(F.smooth_l1_loss(out.hidden, goal, reduction="none").mean(-1), mask)
-        ploss = _masked_mean(soft_cross_entropy(out.logits, _at_step(hb.target_logits, at, k, 0.0)), mask)
-        step = feature_weight * vloss + token_weight * ploss
+        ce, drafted = distill_cross_entropy(out.logits, hb.target_logits, (at + k).clamp(max=n - 1))
+        step = feature_weight * vloss + token_weight * _masked_mean(ce, mask)
         total = total + (decay**k) * step
         step_losses.append(float(step.detach()))
-        preds.append(_drafted_grid(head, out.logits, at, n))
+        preds.append(_drafted_grid(head, drafted, at, n))
     return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
 
 
@@ -406,7 +410,8 @@ def chain_agreement(head: DraftHead, hb: HeadBatch, depth: int) -> Agreement:
     """Agreement of a sequentially drafting head (EAGLE-3, EAGLE) at depths 1..depth."""
     n = hb.input_ids.shape[1]
     rows, _ = active_rows(hb.loss_mask, depth)
-    preds = [_drafted_grid(head, out.logits, at, n) for _, out, at in unroll(head, hb, depth, rows)]
+    unrolled = unroll(head, hb, depth, rows, first_rows=true_first(hb.loss_mask))
+    preds = [_drafted_grid(head, out.logits.argmax(-1), at, n) for _, out, at in unrolled]
     return _grid(hb, preds)
 
 
@@ -518,23 +523,6 @@ def peagle_forward(head, hb: HeadBatch, elements: PEagleElements, logits_at: tor
     return head(ids, positions, features=feats, attention_mask=mask, logits_at=logits_at), row
 
 
-def _mixed_cross_entropy(
-    logits: torch.Tensor, target_logits: torch.Tensor, row: torch.Tensor, top1_share: torch.Tensor
-) -> torch.Tensor:
-    """[B, m] CE of `logits` [B, m, V] against (1 - share) x the target's distribution at `row`
-    [B, m] of `target_logits` [B, n, V] + share x its top-1, without building the labels: the
-    labels sum to one, so CE = logsumexp(z) - (1 - share) <p, z> - share z[top-1]. Rows are taken
-    by index from the [B * n, V] distributions (a gather with an expanded index is several times
-    slower on the CPU)."""
-    batch, n, vocab = target_logits.shape
-    z = logits.float()
-    flat = (row + n * torch.arange(batch, device=row.device)[:, None]).flatten()
-    probs = torch.softmax(target_logits.float(), dim=-1).flatten(0, 1)[flat].view(*row.shape, vocab)
-    top1 = target_logits.argmax(-1).gather(1, row)
-    expected = torch.einsum("bmv,bmv->bm", probs, z)
-    return torch.logsumexp(z, dim=-1) - (1 - top1_share) * expected - top1_share * z.gather(-1, top1[..., None])[..., 0]
-
-
 def peagle_loss(
     head,
     hb: HeadBatch,
@@ -561,8 +549,7 @@ def peagle_loss(
     elements outnumber its own (2.4 to 1 at the default sampling) and pull the shared layers their
     way: with one layer and even weights, the top-1 mix cost depth 1 0.915 -> 0.865."""
     # Depth 0 keeps the prompt's rows as context; only the counted elements (a reply row to
-    # predict) pay for the vocabulary projection and the soft CE, and the target's distribution is
-    # computed once per row, not once per element.
+    # predict) pay for the vocabulary projection and the CE (`distill_cross_entropy`).
     rows = peagle_sample(hb.valid, hb.loss_mask, depths, ratio, ratio_min, generator)
     elements = PEagleElements.pack(rows, hb.input_ids.device)
     row = elements.target_rows(hb.input_ids.shape[1])
@@ -571,11 +558,11 @@ def peagle_loss(
     row, depth = row.gather(1, at), elements.depth.gather(1, at)
     counted = elements.present.gather(1, at) & hb.loss_mask.gather(1, row)
     weight = (counted & hb.in_vocab.gather(1, row)).float() * torch.where(depth == 0, depth0_weight, 1.0)
-    ce = _mixed_cross_entropy(out.logits, hb.target_logits, row, torch.where(depth > 0, top1_weight, 0.0))
+    ce, drafted = distill_cross_entropy(out.logits, hb.target_logits, row, torch.where(depth > 0, top1_weight, 0.0))
     loss = _masked_mean(ce, weight)
     metrics: dict[str, float] = {}
     with torch.no_grad():
-        correct = head.draft_to_target(out.logits.argmax(-1)) == hb.target_top1.gather(1, row)
+        correct = head.draft_to_target(drafted) == hb.target_top1.gather(1, row)
         for d in range(depths):
             sel = counted & (depth == d)
             if not bool(sel.any()):
