@@ -90,9 +90,6 @@ class FitConfig(BaseModel):
                                       "label at P-EAGLE's blind depths (the rest: the target's distribution).")
     peagle_depth0_weight: float = Field(3.0, gt=0, description="A depth-0 element's weight in P-EAGLE's loss "
                                         "(a blind depth's: 1).")
-    peagle_final_fraction: float = Field(0.3, ge=0, le=1, description="The last fraction of training (by steps) "
-                                         "in which depth 0 weighs peagle_final_depth0_weight instead.")
-    peagle_final_depth0_weight: float = Field(10.0, gt=0, description="Depth 0's weight in P-EAGLE's final phase.")
     eagle_steps: int = Field(1, ge=1, le=16)
     feature_weight: float = Field(1.0, ge=0)
     token_weight: float = Field(0.1, ge=0)
@@ -189,8 +186,6 @@ class FitConfig(BaseModel):
             peagle_ratio_min=self.peagle_ratio_min,
             peagle_top1_weight=self.peagle_top1_weight,
             peagle_depth0_weight=self.peagle_depth0_weight,
-            peagle_final_fraction=self.peagle_final_fraction,
-            peagle_final_depth0_weight=self.peagle_final_depth0_weight,
             eagle_steps=self.eagle_steps,
             feature_weight=self.feature_weight,
             token_weight=self.token_weight,

@@ -263,7 +263,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
                 raise InjectedFailure(f"injected failure on rank {rank} at step {cfg.fail_at_step}")
             if cfg.record_rows:
                 state.trained_rows.append(comm.gather(reader.ids(rows)))
-            metrics = train_step(model, target, batch, optimizer, scheduler, tc, generator, state.step / total_steps)
+            metrics = train_step(model, target, batch, optimizer, scheduler, tc, generator)
             seconds = time.perf_counter() - started
             state.step += 1
             state.batch_in_epoch += 1

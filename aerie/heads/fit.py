@@ -72,11 +72,6 @@ class TrainConfig:
     peagle_ratio_min: float = 0.2
     peagle_top1_weight: float = 0.5  # the top-1 token's share of a blind depth's label
     peagle_depth0_weight: float = 3.0  # a depth-0 element's weight in the loss (a blind depth's: 1)
-    # ... and over the last `peagle_final_fraction` of training (by the schedule's progress): the
-    # blind depths' gradients cost depth 0 accuracy, which every accepted run starts from, and a
-    # final phase weighing it more gives that back (README, "P-EAGLE at the same budget")
-    peagle_final_fraction: float = 0.3
-    peagle_final_depth0_weight: float = 10.0
     # EAGLE (EAGLE-1 weights)
     eagle_steps: int = 1
     feature_weight: float = 1.0
@@ -91,13 +86,6 @@ class TrainConfig:
             raise ValueError(f"clock must be 'wall' or 'cpu', got {self.clock!r}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
-        if not 0 <= self.peagle_final_fraction <= 1:
-            raise ValueError(f"peagle_final_fraction must lie in [0, 1], got {self.peagle_final_fraction}")
-
-    def depth0_weight(self, progress: float) -> float:
-        """P-EAGLE's depth-0 weight at `progress` (0..1) through training."""
-        final = self.peagle_final_fraction > 0 and progress >= 1 - self.peagle_final_fraction
-        return self.peagle_final_depth0_weight if final else self.peagle_depth0_weight
 
 
 def collate(examples: Sequence[Example], max_length: int | None = None, pad_id: int = 0):
@@ -172,16 +160,14 @@ def make_optimizer(
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def compute_loss(
-    head: DraftHead, hb, config: TrainConfig, generator: torch.Generator | None = None, progress: float = 0.0
-) -> LossOutput:
-    """The method's training objective on a prepared batch, `progress` (0..1) through training."""
+def compute_loss(head: DraftHead, hb, config: TrainConfig, generator: torch.Generator | None = None) -> LossOutput:
+    """The method's training objective on a prepared batch."""
     if head.method == "eagle3":
         return ttt_loss(head, hb, config.ttt_steps, config.ttt_decay)
     if head.method == "peagle":
         return peagle_loss(
             head, hb, config.peagle_depths, config.peagle_ratio, config.peagle_ratio_min, generator,
-            config.peagle_top1_weight, config.depth0_weight(progress),
+            config.peagle_top1_weight, config.peagle_depth0_weight,
         )
     if head.method == "eagle":
         return eagle_loss(head, hb, config.eagle_steps, config.ttt_decay, config.feature_weight, config.token_weight)
@@ -198,8 +184,8 @@ class Objective(torch.nn.Module):
         self.head = head
         self.config = config
 
-    def forward(self, hb, generator: torch.Generator | None = None, progress: float = 0.0) -> LossOutput:
-        return compute_loss(self.head, hb, self.config, generator, progress)
+    def forward(self, hb, generator: torch.Generator | None = None) -> LossOutput:
+        return compute_loss(self.head, hb, self.config, generator)
 
 
 def unwrap_head(model: torch.nn.Module) -> DraftHead:
@@ -216,19 +202,18 @@ def train_step(
     scheduler=None,
     config: TrainConfig | None = None,
     generator: torch.Generator | None = None,
-    progress: float = 0.0,
 ) -> dict[str, float]:
     """One optimiser step on one batch (examples, or a HeadBatch already prepared by
-    `prepare_examples`), `progress` (0..1) through training. `model` is a DraftHead, or an
-    `Objective` (possibly wrapped by DistributedDataParallel). Returns plain-float metrics (loss,
-    per-depth loss/acc, grad_norm, lr, tokens)."""
+    `prepare_examples`). `model` is a DraftHead, or an `Objective` (possibly wrapped by
+    DistributedDataParallel). Returns plain-float metrics (loss, per-depth loss/acc, grad_norm,
+    lr, tokens)."""
     config = config or TrainConfig()
     head = unwrap_head(model)
     objective = Objective(head, config) if model is head else model
     objective.train()
     hb = batch if isinstance(batch, HeadBatch) else prepare_examples(target, head, batch, config.max_length)
     with torch.autocast(hb.input_ids.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
-        out = objective(hb, generator, progress)
+        out = objective(hb, generator)
     optimizer.zero_grad(set_to_none=True)
     out.loss.backward()
     params = [p for p in head.parameters() if p.requires_grad]
@@ -330,8 +315,7 @@ def fit(
 
     for epoch in range(config.epochs):
         for batch in epoch_batches(epoch):
-            progress = max(step / total_steps, time_used() if time_used is not None else 0.0)
-            metrics = train_step(head, target, batch, optimizer, scheduler, config, generator, progress)
+            metrics = train_step(head, target, batch, optimizer, scheduler, config, generator)
             step += 1
             metrics["step"] = step
             result.history.append(metrics)

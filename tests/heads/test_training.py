@@ -213,36 +213,3 @@ def test_walk_acceptance_is_what_the_engine_measures(sharp_target, method, k):
     assert 0 < engine_rates[-1] and engine_rates[0] < 1
     assert walk[0] == pytest.approx(engine_rates[0])
     assert walk == pytest.approx(engine_rates, abs=len(prompts) / engine.spec.drafts)
-
-
-def test_peagle_final_phase_weighs_depth0_more(sharp_target, monkeypatch):
-    """P-EAGLE's loss weighs depth 0 at peagle_depth0_weight until the last peagle_final_fraction
-    of training, then at peagle_final_depth0_weight; fit passes its progress through."""
-    from aerie.heads.fit import compute_loss, prepare_examples
-    from aerie.heads.losses import peagle_loss
-
-    data = greedy_examples(sharp_target, count=2, seed=3)
-    head, _ = train_head(sharp_target, "peagle", data, None, TrainConfig(epochs=0, peagle_depths=3),
-                         draft_vocab_size=64, progress=False)
-    hb = prepare_examples(sharp_target, head, data)
-    config = TrainConfig(peagle_depths=3, peagle_final_fraction=0.25, peagle_final_depth0_weight=7.0)
-    assert config.depth0_weight(0.7) == 3.0 and config.depth0_weight(0.8) == 7.0
-
-    def loss(progress=None, depth0_weight=None):
-        generator = torch.Generator().manual_seed(1)
-        if progress is not None:
-            return compute_loss(head, hb, config, generator, progress).loss
-        return peagle_loss(head, hb, 3, generator=generator, depth0_weight=depth0_weight).loss
-
-    assert torch.equal(loss(progress=0.5), loss(depth0_weight=3.0))
-    assert torch.equal(loss(progress=0.9), loss(depth0_weight=7.0))
-    assert not torch.equal(loss(progress=0.5), loss(progress=0.9))
-    with pytest.raises(ValueError, match="peagle_final_fraction"):
-        TrainConfig(peagle_final_fraction=1.5)
-
-    seen = []
-    original = TrainConfig.depth0_weight
-    monkeypatch.setattr(TrainConfig, "depth0_weight", lambda self, p: seen.append(p) or original(self, p))
-    train_head(sharp_target, "peagle", data, None, TrainConfig(epochs=4, batch_size=2, peagle_depths=3),
-               draft_vocab_size=64, progress=False)
-    assert seen == [0.0, 0.25, 0.5, 0.75]
