@@ -140,13 +140,16 @@ def train_heads(args, target, data) -> dict:
         head_dir = Path(args.out) / "heads" / method
         report = head_dir / "protocol.json"
         depth = args.peagle_depth if method == "peagle" else args.depth
-        recipe = dict(
-            epochs=1000, batch_size=8, lr=args.lr, max_seconds=args.minutes * 60,
-            clock="cpu", warmup_steps=20, precision=args.precision,
-            cache_target=True, ttt_steps=args.ttt_steps, peagle_depths=depth, eval_depth=depth,
-            seed=args.seed,
-        ) | (PEAGLE_BUDGET_RECIPE if method == "peagle" else {}) \
-          | dict(pair for item in args.train_set if (pair := parse_set(item, method)))
+        recipe = (
+            dict(
+                epochs=1000, batch_size=8, lr=args.lr, max_seconds=args.minutes * 60,
+                clock="cpu", warmup_steps=20, precision=args.precision,
+                cache_target=True, ttt_steps=args.ttt_steps, peagle_depths=depth, eval_depth=depth,
+                seed=args.seed,
+            )
+            | (PEAGLE_BUDGET_RECIPE if method == "peagle" else {})
+            | dict(pair for item in args.train_set if (pair := parse_set(item, method)))
+        )
         config = TrainConfig(**recipe)
         recipe = json.loads(json.dumps(asdict(config)))  # every field: a changed default retrains
         layers = args.peagle_layers if method == "peagle" else None
@@ -184,6 +187,18 @@ def parse_set(item: str, method: str) -> tuple[str, object] | None:
         return field, json.loads(value)
     except json.JSONDecodeError:
         return field, value
+
+
+def parse_compare(items: list[str]) -> dict[str, str]:
+    """METHOD@LABEL=DIR items -> {METHOD@LABEL: DIR}; METHOD is eagle3 or peagle."""
+    compared = {}
+    for item in items:
+        label, _, folder = item.partition("=")
+        method, at, name = label.partition("@")
+        if method not in ("eagle3", "peagle") or not at or not name or not folder:
+            raise ValueError(f"--compare {item!r}: expected METHOD@LABEL=DIR with METHOD eagle3 or peagle")
+        compared[label] = folder
+    return compared
 
 
 class Timings:
@@ -355,6 +370,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    try:
+        compared = parse_compare(args.compare)
+    except ValueError as error:
+        parser.error(str(error))
     setting = SETTINGS[args.setting]
     args.out = args.out or f".aerie/bench/protocol/{args.setting}"
     torch.set_num_threads(args.threads)
@@ -370,7 +389,6 @@ def main() -> None:
                   f"held-out prompts' replies chain {chain} tau {info['unseen_replies']['tau']:.3f}")
         return
     heads = {m: load_head(Path(args.out) / "heads" / m, target) for m in trained}
-    compared = dict(item.split("=", 1) for item in args.compare)
     heads |= {label: load_head(Path(folder), target) for label, folder in compared.items()}
     prompts = data["eval_prompts"]
 
@@ -381,7 +399,7 @@ def main() -> None:
     if "peagle" in heads:
         variants += [(m, int(k), False) for m in ("peagle", "peagle+lookup") for k in args.peagle_k.split(",")]
     for label in compared:
-        ks = args.peagle_k if label.startswith("peagle") else args.k
+        ks = args.peagle_k if label.partition("@")[0] == "peagle" else args.k
         variants += [(label, int(k), False) for k in ks.split(",")]
     results: dict[str, list[dict]] = defaultdict(list)
     for _ in range(args.rounds):
@@ -421,7 +439,7 @@ def main() -> None:
     for m, key in best.items():
         print(f"best {m}: {key} {table[key]['speedup']:.2f}x plain, "
               f"{table[key]['tokens_per_s'] / lookup_rate:.2f}x HF prompt lookup")
-    for m in ("peagle", *(label for label in compared if label.startswith("peagle"))):
+    for m in ("peagle", *(label for label in compared if label.partition("@")[0] == "peagle")):
         if "eagle3" not in best or m not in best:
             continue
         p, e = best[m], best["eagle3"]
