@@ -14,7 +14,8 @@ What a new user does, in one process (no Ray, so every stage is timed alone):
    `--sampled-replies`, extra replies at temperature 0.8), as `aerie ingest --regenerate` does.
 3. Heads trained with `aerie.heads.fit` for `--minutes` of CPU time each (one thread, bf16 autocast
    by default); P-EAGLE at the depth it is served at (`--peagle-depth`, 8) with `--peagle-layers`
-   layers (1). A fresh large tensor pays its page faults on the CPU; the README's figures ran with
+   layers (1) of `--peagle-heads` query heads (twice the target's). A fresh large tensor pays its
+   page faults on the CPU; the README's figures ran with
    `THP_MEM_ALLOC_ENABLE=1 MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296` in the
    environment (6-7 % cheaper steps).
 4. Speed at concurrency 1 on the evaluation prompts, greedy, every variant's tokens checked equal to
@@ -153,18 +154,20 @@ def train_heads(args, target, data) -> dict:
         config = TrainConfig(**recipe)
         recipe = json.loads(json.dumps(asdict(config)))  # every field: a changed default retrains
         layers = args.peagle_layers if method == "peagle" else None
+        heads = (args.peagle_heads or 2 * target.config.num_attention_heads) if method == "peagle" else None
         if report.is_file() and (cached := json.loads(report.read_text())).get("recipe") == recipe \
-                and cached.get("layers") == layers:
+                and cached.get("layers") == layers and cached.get("num_heads") == heads:
             results[method] = cached
             continue
         head, fit = train_head(
             target, method, fit_rows, None, config, draft_vocab_size=args.draft_vocab,
-            num_layers=layers, speculative_tokens=depth,
+            num_layers=layers, speculative_tokens=depth, num_heads=heads,
         )
         save_head(head, head_dir, speculative_tokens=depth)
         results[method] = {
             "recipe": recipe,
             "layers": layers,
+            "num_heads": heads,
             "minutes": args.minutes,
             "steps": fit.steps,
             "cpu_seconds": fit.cpu_seconds,
@@ -351,6 +354,9 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=5, help="training / evaluation depth")
     parser.add_argument("--ttt-steps", type=int, default=3)
     parser.add_argument("--peagle-depth", type=int, default=8, help="P-EAGLE's training / evaluation depth")
+    parser.add_argument("--peagle-heads", type=int,
+                        help="P-EAGLE's query heads (default twice the target's: in one layer a placeholder's query "
+                        "is the same for every anchor, so more heads are more ways to read the context, README)")
     parser.add_argument("--peagle-layers", type=int, default=1,
                         help="P-EAGLE's layers (one, like EAGLE-3: on the tiny target a second costs more draft time "
                              "than its acceptance buys, README)")

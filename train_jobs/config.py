@@ -53,6 +53,8 @@ class FitConfig(BaseModel):
     # the head
     draft_vocab_size: int = Field(32000, ge=2, description="Reduced draft vocabulary (EAGLE-3 / P-EAGLE).")
     num_layers: int | None = Field(None, ge=1, le=16, description="Decoder layers (default: the method's).")
+    num_heads: int | None = Field(None, ge=1, le=256, description="Query heads of the head's attention, each as wide "
+                                  "as the target's (default: the target's; a multiple of its key/value heads).")
     k: int = Field(5, ge=1, le=16, description="Depth K of the eval agreement, stored as the head's K.")
 
     # optimisation (aerie.heads.fit.TrainConfig)

@@ -117,7 +117,7 @@ def _build_head(cfg: FitConfig, loop_config: dict[str, Any], target):
         vocab = (torch.as_tensor(d2t), torch.as_tensor(t2d))
     return new_head(
         target, cfg.method, draft_vocab=vocab, num_layers=cfg.num_layers, speculative_tokens=cfg.k, seed=cfg.seed,
-        mask_token_id=loop_config.get("mask_token_id") if cfg.method == "peagle" else None,
+        mask_token_id=loop_config.get("mask_token_id") if cfg.method == "peagle" else None, num_heads=cfg.num_heads,
     )
 
 

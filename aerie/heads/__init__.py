@@ -27,6 +27,7 @@ def new_head(
     mask_token_id: int | None = None,
     speculative_tokens: int = 3,
     seed: int | None = None,
+    num_heads: int | None = None,
 ) -> DraftHead:
     """A fresh head for `target`: sized from its config, the target's embedding (and, for EAGLE,
     its lm_head) copied in, on the target's device, in float32. `draft_vocab` is (d2t, t2d) from
@@ -39,6 +40,7 @@ def new_head(
         num_layers=num_layers,
         mask_token_id=mask_token_id,
         speculative_tokens=speculative_tokens,
+        num_heads=num_heads,
     )
     if seed is not None:
         torch.manual_seed(seed)

@@ -100,11 +100,16 @@ class HeadConfig(BaseModel):
         mask_token_id: int | None = None,
         speculative_tokens: int = 3,
         target_name_or_path: str | None = None,
+        num_heads: int | None = None,
     ) -> HeadConfig:
-        """A head config sized from a `aerie.target.Target` (its text config)."""
+        """A head config sized from a `aerie.target.Target` (its text config). `num_heads`: the
+        head's query heads (default the target's), each of the target's head width."""
         cfg = target.config
-        num_heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        num_heads = num_heads or cfg.num_attention_heads
+        if num_heads % kv_heads:
+            raise ValueError(f"num_heads {num_heads} must be a multiple of the target's {kv_heads} key/value heads")
         vocab = target.vocab_size
         if method == "eagle":
             draft_vocab_size = vocab
@@ -120,7 +125,7 @@ class HeadConfig(BaseModel):
             intermediate_size=getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size,
             num_layers=num_layers or DEFAULT_LAYERS[method],
             num_heads=num_heads,
-            kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads,
+            kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),

@@ -350,16 +350,19 @@ def train_head(
     num_layers: int | None = None,
     speculative_tokens: int | None = None,
     progress: bool = True,
+    num_heads: int | None = None,
 ) -> tuple[DraftHead, FitResult]:
     """Build a head for `target` (draft vocabulary from the training replies, stop tokens always
-    in it), train it, and return it with the fit result."""
+    in it; `num_heads` query heads, default the target's), train it, and return it with the fit
+    result."""
     config = config or TrainConfig()
     draft_vocab = None
     if method != "eagle":
         draft_vocab = draft_vocab_from_examples(train, target.vocab_size, draft_vocab_size, target.stop_token_ids)
     k = speculative_tokens or (config.peagle_depths if method == "peagle" else config.ttt_steps)
     head = new_head(
-        target, method, draft_vocab=draft_vocab, num_layers=num_layers, speculative_tokens=k, seed=config.seed
+        target, method, draft_vocab=draft_vocab, num_layers=num_layers, speculative_tokens=k, seed=config.seed,
+        num_heads=num_heads,
     )
     result = fit(head, target, train, eval_examples, config, progress)
     return head, result

@@ -27,6 +27,24 @@ def test_round_trip_identical_outputs(target, method, tmp_path):
         assert torch.equal(head.d2t, again.d2t) and torch.equal(head.t2d, again.t2d)
 
 
+def test_more_query_heads_than_the_target(target, tmp_path):
+    """A head may have more query heads than its target (the protocol's P-EAGLE has twice as many),
+    each of the target's width: its file says so where vLLM reads it, and it loads back the same."""
+    from aerie.heads import new_head
+
+    heads = 2 * target.config.num_attention_heads
+    head = new_head(target, "peagle", num_heads=heads, seed=0).eval()
+    save_head(head, tmp_path / "h", speculative_tokens=5)
+    layer = json.loads((tmp_path / "h" / "config.json").read_text())["transformer_layer_config"]
+    assert (layer["num_attention_heads"], layer["head_dim"]) == (heads, head.config.head_dim)
+    again = load_head(tmp_path / "h", target)
+    ids, pos, feats = inputs(target, head)
+    with torch.no_grad():
+        assert torch.equal(head(ids, pos, features=feats).logits, again(ids, pos, features=feats).logits)
+    with pytest.raises(ValueError, match="multiple of the target's"):
+        new_head(target, "peagle", num_heads=target.config.num_key_value_heads + 1)
+
+
 @pytest.mark.parametrize("method", ["eagle3", "peagle", "eagle"])
 def test_file_layout(target, method, tmp_path):
     head = make_head(target, method)
