@@ -70,6 +70,10 @@ class HeadConfig(BaseModel):
             raise ValueError("norm_before_fc and fc_norm exclude each other")
         if (self.sliding_window is None) != (not self.sliding_layers):
             raise ValueError("sliding_window and sliding_layers go together")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(
+                f"num_heads {self.num_heads} must be a multiple of the target's {self.kv_heads} key/value heads"
+            )
         if any(not 0 <= i < self.num_layers for i in self.sliding_layers):
             raise ValueError(f"sliding_layers {self.sliding_layers}: the head has layers 0..{self.num_layers - 1}")
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type") in (None, "default"):
@@ -108,8 +112,6 @@ class HeadConfig(BaseModel):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         num_heads = num_heads or cfg.num_attention_heads
-        if num_heads % kv_heads:
-            raise ValueError(f"num_heads {num_heads} must be a multiple of the target's {kv_heads} key/value heads")
         vocab = target.vocab_size
         if method == "eagle":
             draft_vocab_size = vocab

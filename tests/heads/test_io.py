@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from aerie.heads import new_head
 from aerie.heads.io import HeadMismatchError, load_head, save_head
 from tests.heads.conftest import make_target
 from tests.heads.test_heads import inputs, make_head
@@ -30,8 +31,6 @@ def test_round_trip_identical_outputs(target, method, tmp_path):
 def test_more_query_heads_than_the_target(target, tmp_path):
     """A head may have more query heads than its target (the protocol's P-EAGLE has twice as many),
     each of the target's width: its file says so where vLLM reads it, and it loads back the same."""
-    from aerie.heads import new_head
-
     heads = 2 * target.config.num_attention_heads
     head = new_head(target, "peagle", num_heads=heads, seed=0).eval()
     save_head(head, tmp_path / "h", speculative_tokens=5)
