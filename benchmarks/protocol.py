@@ -330,6 +330,12 @@ def ideal_speedup(arm: dict, t_target: float) -> float:
     return arm["tau"] * t_target / (arm["t_verify"] + arm["t_draft"])
 
 
+def depth_ratios(table: dict, key: str, reference: str) -> str:
+    """Per-position acceptance of `key` over `reference` at depths 2-5, as "a / b / c / d"."""
+    pairs = zip(table[key]["per_position"][1:5], table[reference]["per_position"][1:5], strict=False)
+    return " / ".join(f"{a / b:.2f}" for a, b in pairs)
+
+
 def name(variant) -> str:
     method, k, tree = variant
     return method if method in ("none", "hf_greedy", "hf_prompt_lookup") else f"{method}{' tree' if tree else ''} K={k}"
@@ -451,11 +457,15 @@ def main() -> None:
         p, e = best[m], best["eagle3"]
         ratio = table[p]["tokens_per_s"] / table[e]["tokens_per_s"]
         ideal_ratio = ideal_speedup(results[p][-1], t_target) / ideal_speedup(results[e][-1], t_target)
-        pairs = zip(table[p]["per_position"][1:5], table[e]["per_position"][1:5], strict=False)
-        depths = " / ".join(f"{a / b:.2f}" for a, b in pairs)
         print(f"best {m} ({p}) / best EAGLE-3 ({e}): {ratio:.2f}x measured, {ideal_ratio:.2f}x ideal from the "
-              f"measured forward costs (verify + draft per step, tau); depths 2-5 at {depths} of EAGLE-3's")
+              f"measured forward costs (verify + draft per step, tau); depths 2-5 at "
+              f"{depth_ratios(table, p, e)} of EAGLE-3's")
         table[f"{m}_over_eagle3"] = {"measured": ratio, "ideal": ideal_ratio}
+        same_k = f"{m} K={e.rpartition('=')[2]}"
+        if same_k != p and same_k in table:
+            # Where a draft starts depends on K (a longer draft ends in a miss more often, and the
+            # next one starts right after it), so acceptance is compared at one K too.
+            print(f"  at EAGLE-3's K ({same_k}): depths 2-5 at {depth_ratios(table, same_k, e)} of EAGLE-3's")
     print(f"HF prompt lookup {lookup_rate / table['hf_greedy']['tokens_per_s']:.2f}x HF greedy; "
           f"plain engine {base / table['hf_greedy']['tokens_per_s']:.2f}x HF greedy")
 

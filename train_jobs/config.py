@@ -83,6 +83,9 @@ class FitConfig(BaseModel):
         "fp32", description="bf16: the head's forward and loss under bf16 autocast (weights, optimiser state and "
         "the target's labels stay fp32); far cheaper steps on GPUs and on CPUs with bf16 matmuls."
     )
+    top1_weight: float = Field(0.3, ge=0, le=1, description="The target's top-1 token's share of the label "
+                               "where the head has seen every earlier token (EAGLE-3's steps, P-EAGLE's depth 0; "
+                               "the rest: the target's distribution).")
     ttt_steps: int = Field(3, ge=1, le=16, description="EAGLE-3 training-time-test unroll.")
     ttt_decay: float = Field(0.8, gt=0, le=1)
     peagle_depths: int = Field(8, ge=1, le=32)
@@ -181,6 +184,7 @@ class FitConfig(BaseModel):
             grad_clip=self.grad_clip,
             precision=self.precision,
             max_steps=self.max_steps,
+            top1_weight=self.top1_weight,
             ttt_steps=self.ttt_steps,
             ttt_decay=self.ttt_decay,
             peagle_depths=self.peagle_depths,

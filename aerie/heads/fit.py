@@ -63,6 +63,12 @@ class TrainConfig:
     # target's labels stay fp32); where the hardware has bf16 matmuls (CUDA, AVX512-BF16/AMX CPUs)
     # a step costs far less
     precision: str = "fp32"
+    # the target's top-1 token's share of the label where the head has seen every token before the
+    # one it predicts (EAGLE-3's steps, P-EAGLE's depth 0); the rest is the target's distribution.
+    # Its argmax is the target's either way, but a head too small to match the whole distribution
+    # spends less of itself on the tail: tiny protocol, tau 4.65 -> 4.82 (EAGLE-3 K=5), P-EAGLE
+    # depth 1 0.82 -> 0.86 (README, "The top-1 token at depth 0 as well")
+    top1_weight: float = 0.3
     # EAGLE-3 training-time test (SpecForge / EAGLE-3 unroll 7, speculators 3)
     ttt_steps: int = 3
     ttt_decay: float = 0.8
@@ -163,11 +169,11 @@ def make_optimizer(
 def compute_loss(head: DraftHead, hb, config: TrainConfig, generator: torch.Generator | None = None) -> LossOutput:
     """The method's training objective on a prepared batch."""
     if head.method == "eagle3":
-        return ttt_loss(head, hb, config.ttt_steps, config.ttt_decay)
+        return ttt_loss(head, hb, config.ttt_steps, config.ttt_decay, config.top1_weight)
     if head.method == "peagle":
         return peagle_loss(
             head, hb, config.peagle_depths, config.peagle_ratio, config.peagle_ratio_min, generator,
-            config.peagle_top1_weight, config.peagle_depth0_weight,
+            config.peagle_top1_weight, config.peagle_depth0_weight, config.top1_weight,
         )
     if head.method == "eagle":
         return eagle_loss(head, hb, config.eagle_steps, config.ttt_decay, config.feature_weight, config.token_weight)

@@ -15,10 +15,11 @@ vocabulary is simply a miss, as it is for the engine).
   token x_{j+1+k} and the head's own step k-1 output hidden state, at position j+1+k. Its queries
   see the step-0 keys causally plus, from each step 1..k, only the key of the same row (`ttt_mask`),
   exactly what the head's KV cache holds when the engine drafts a chain from row j. Loss:
-  sum_k decay^k * mean soft-CE(p_target over the draft vocabulary, q_draft).
+  sum_k decay^k * mean CE(q_draft, label), the label the target's distribution over the draft
+  vocabulary with `top1_weight` of it moved to the target's top-1 token.
 - P-EAGLE (`peagle_loss`): depth-sampled (anchor, depth) elements in one forward, the attention
-  pattern of `peagle_mask`, count-normalised CE (soft at depth 0, the target's top-1 mixed into the
-  label of the blind depths), no per-depth decay.
+  pattern of `peagle_mask`, count-normalised CE (the target's top-1 mixed into every label, a
+  larger share at the blind depths), no per-depth decay.
 - EAGLE (`eagle_loss`): smooth-L1 regression of the next feature + 0.1 x token soft CE through the
   target's lm_head (EAGLE's weights 1.0 / 0.1), optionally unrolled like TTT.
 
@@ -358,8 +359,11 @@ def _drafted_grid(head: DraftHead, drafted: torch.Tensor, rows: torch.Tensor, n:
     return full.scatter(1, rows, pred)
 
 
-def ttt_loss(head: DraftHead, hb: HeadBatch, steps: int = 3, decay: float = 0.8) -> LossOutput:
-    """EAGLE-3 training-time test over `steps` unrolled steps, weights decay^k."""
+def ttt_loss(
+    head: DraftHead, hb: HeadBatch, steps: int = 3, decay: float = 0.8, top1_weight: float = 0.3
+) -> LossOutput:
+    """EAGLE-3 training-time test over `steps` unrolled steps, weights decay^k. Each label is
+    `top1_weight` x the target's top-1 token + the rest x its distribution (`fit.TrainConfig.top1_weight`)."""
     total = torch.zeros((), device=hb.input_ids.device)
     preds, step_losses = [], []
     n = hb.input_ids.shape[1]
@@ -368,7 +372,7 @@ def ttt_loss(head: DraftHead, hb: HeadBatch, steps: int = 3, decay: float = 0.8)
         weight = _at_step(hb.loss_mask, at, k, False) & _at_step(hb.in_vocab, at, k, False)
         if k > 0:
             weight = weight & needed
-        ce, drafted = distill_cross_entropy(out.logits, hb.target_logits, (at + k).clamp(max=n - 1))
+        ce, drafted = distill_cross_entropy(out.logits, hb.target_logits, (at + k).clamp(max=n - 1), top1_weight)
         step = _masked_mean(ce, weight)
         total = total + (decay**k) * step
         step_losses.append(float(step.detach()))
@@ -532,12 +536,14 @@ def peagle_loss(
     generator: torch.Generator | None = None,
     top1_weight: float = 0.5,
     depth0_weight: float = 3.0,
+    depth0_top1_weight: float = 0.3,
 ) -> LossOutput:
     """P-EAGLE: depth-sampled elements, count-normalised CE (metrics per depth over the sampled
     elements; `peagle_agreement` gives chain rates).
 
-    Depth 0 learns the target's distribution (soft CE). A placeholder at depth d >= 1 does not see
-    the tokens between its anchor and its own position, so the minimiser of the soft CE there is
+    Depth 0's label is `depth0_top1_weight` x the target's top-1 + the rest x its distribution, as
+    EAGLE-3's (`ttt_loss`). A placeholder at depth d >= 1 does not see the tokens between its
+    anchor and its own position, so the minimiser of the soft CE there is
     the target's distribution averaged over those unseen paths, whose argmax need not be the token
     greedy verification accepts most often: the target's top-1. Its label is therefore
     `top1_weight` x the top-1 token + (1 - `top1_weight`) x the target's distribution, which moves
@@ -558,7 +564,8 @@ def peagle_loss(
     row, depth = row.gather(1, at), elements.depth.gather(1, at)
     counted = elements.present.gather(1, at) & hb.loss_mask.gather(1, row)
     weight = (counted & hb.in_vocab.gather(1, row)).float() * torch.where(depth == 0, depth0_weight, 1.0)
-    ce, drafted = distill_cross_entropy(out.logits, hb.target_logits, row, torch.where(depth > 0, top1_weight, 0.0))
+    share = torch.where(depth > 0, top1_weight, depth0_top1_weight)
+    ce, drafted = distill_cross_entropy(out.logits, hb.target_logits, row, share)
     loss = _masked_mean(ce, weight)
     metrics: dict[str, float] = {}
     with torch.no_grad():

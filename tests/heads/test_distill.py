@@ -43,14 +43,16 @@ def test_values_gradient_and_argmax_match_autograd(monkeypatch, dtype):
     assert not drafted.requires_grad
 
 
-def test_ttt_loss_equals_soft_ce_over_every_row(target):
+@pytest.mark.parametrize("top1_weight", [0.0, 0.3])
+def test_ttt_loss_equals_the_ce_over_every_row(target, top1_weight):
     """Step 0's logits only at the reply rows and the chunked CE leave the loss and its gradient
-    as the plain soft CE over every row gives them."""
+    as the plain CE over every row gives them: `top1_weight` x CE of the target's top-1 + the rest
+    x soft CE."""
     head = make_head(target, "eagle3")
     ids, attn, loss = random_batch(batch=3, length=20, seed=6)
     loss[:, :8] = False
     hb = prepare_batch(target, head, ids, attn, loss)
-    out = ttt_loss(head, hb, steps=3, decay=0.8)
+    out = ttt_loss(head, hb, steps=3, decay=0.8, top1_weight=top1_weight)
     grads = torch.autograd.grad(out.loss, [head.fc.weight, head.lm_head.weight])
 
     rows, needed = active_rows(hb.loss_mask, 3)
@@ -60,7 +62,7 @@ def test_ttt_loss_equals_soft_ce_over_every_row(target):
         if k > 0:
             weight = weight & needed
         labels = _at_step(hb.target_logits, at, k, 0.0)
-        ce = -(torch.softmax(labels, -1) * torch.log_softmax(step.logits, -1)).sum(-1)
+        ce = reference_ce(step.logits, labels, torch.arange(labels.shape[1]).expand(at.shape), top1_weight)
         reference = reference + 0.8**k * (ce * weight).sum() / weight.sum()
     torch.testing.assert_close(out.loss, reference)
     for got, want in zip(grads, torch.autograd.grad(reference, [head.fc.weight, head.lm_head.weight]), strict=True):

@@ -289,11 +289,14 @@ def test_peagle_training_forward_equals_parallel_drafting(target):
                 torch.testing.assert_close(out.logits[b, e], drafted[d], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("top1_weight", "depth0_weight"), [(0.0, 1.0), (0.5, 3.0)])
-def test_peagle_loss_on_counted_elements_equals_the_loss_over_every_element(target, top1_weight, depth0_weight):
+@pytest.mark.parametrize(("top1_weight", "depth0_weight", "depth0_top1_weight"), [(0.0, 1.0, 0.0), (0.5, 3.0, 0.3)])
+def test_peagle_loss_on_counted_elements_equals_the_loss_over_every_element(
+    target, top1_weight, depth0_weight, depth0_top1_weight
+):
     """The loss projects to the vocabulary only where a reply row is predicted; the value and its
-    gradients are those of the loss over every element's logits, masked: soft CE at depth 0, and
-    at the blind depths `top1_weight` x CE of the target's top-1 + the rest x soft CE, the mean
+    gradients are those of the loss over every element's logits, masked: `depth0_top1_weight` x CE
+    of the target's top-1 + the rest x soft CE at depth 0, the same with `top1_weight` at the blind
+    depths, the mean
     weighted `depth0_weight` : 1 between depth 0's elements and the blind depths'."""
     head = make_head(target, "peagle").train()
     ids, attn, loss = random_batch(batch=3, length=20, seed=6)
@@ -301,7 +304,7 @@ def test_peagle_loss_on_counted_elements_equals_the_loss_over_every_element(targ
     hb = prepare_batch(target, head, ids, attn, loss)
     out = peagle_loss(
         head, hb, depths=4, generator=torch.Generator().manual_seed(3), top1_weight=top1_weight,
-        depth0_weight=depth0_weight,
+        depth0_weight=depth0_weight, depth0_top1_weight=depth0_top1_weight,
     )
     grads = torch.autograd.grad(out.loss, [head.fc.weight, head.mask_hidden])
 
@@ -312,7 +315,7 @@ def test_peagle_loss_on_counted_elements_equals_the_loss_over_every_element(targ
     labels = hb.target_logits.gather(1, row[..., None].expand(-1, -1, hb.target_logits.shape[-1]))
     soft = -(torch.softmax(labels, -1) * torch.log_softmax(full.logits, -1)).sum(-1)
     hard = torch.nn.functional.cross_entropy(full.logits.flatten(0, 1), labels.argmax(-1).flatten(), reduction="none")
-    share = torch.where(elements.depth > 0, top1_weight, 0.0)
+    share = torch.where(elements.depth > 0, top1_weight, depth0_top1_weight)
     ce = (1 - share) * soft + share * hard.view_as(soft)
     weight = weight * torch.where(elements.depth == 0, depth0_weight, 1.0)
     reference = (ce * weight).sum() / weight.sum()
