@@ -62,7 +62,8 @@ def test_ttt_loss_equals_the_ce_over_every_row(target, top1_weight):
         if k > 0:
             weight = weight & needed
         labels = _at_step(hb.target_logits, at, k, 0.0)
-        ce = reference_ce(step.logits, labels, torch.arange(labels.shape[1]).expand(at.shape), top1_weight)
+        own_rows = torch.arange(labels.shape[1], device=labels.device).expand(at.shape)
+        ce = reference_ce(step.logits, labels, own_rows, top1_weight)
         reference = reference + 0.8**k * (ce * weight).sum() / weight.sum()
     torch.testing.assert_close(out.loss, reference)
     for got, want in zip(grads, torch.autograd.grad(reference, [head.fc.weight, head.lm_head.weight]), strict=True):

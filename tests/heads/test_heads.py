@@ -296,8 +296,7 @@ def test_peagle_loss_on_counted_elements_equals_the_loss_over_every_element(
     """The loss projects to the vocabulary only where a reply row is predicted; the value and its
     gradients are those of the loss over every element's logits, masked: `depth0_top1_weight` x CE
     of the target's top-1 + the rest x soft CE at depth 0, the same with `top1_weight` at the blind
-    depths, the mean
-    weighted `depth0_weight` : 1 between depth 0's elements and the blind depths'."""
+    depths, the mean weighted `depth0_weight` : 1 between depth 0's elements and the blind depths'."""
     head = make_head(target, "peagle").train()
     ids, attn, loss = random_batch(batch=3, length=20, seed=6)
     loss[:, :8] = False  # a prompt: context only
