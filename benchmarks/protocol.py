@@ -72,7 +72,7 @@ PEAGLE_BUDGET_RECIPE = dict(batch_size=4, peagle_ratio=0.5, peagle_ratio_min=0.1
 """P-EAGLE is short of steps at this budget: batch 4 gives twice the steps (tau@8 +0.2), and
 sampling fewer blind-depth elements per step (r 0.5, r_min 0.15: 1.5 per reply row, where the
 paper's 0.7 / 0.2 keep 2.4) buys 1.2-1.4x the steps: depth 1 +0.02 and the walk's tau@8 +0.2 over
-three seeds on the tiny setting (README, "P-EAGLE at the same budget")."""
+three seeds on the tiny setting (benchmarks/PEAGLE.md, "P-EAGLE at the same budget")."""
 
 
 def chat_prompts(target, exchanges) -> list[list[int]]:
@@ -362,10 +362,11 @@ def main() -> None:
     parser.add_argument("--peagle-depth", type=int, default=8, help="P-EAGLE's training / evaluation depth")
     parser.add_argument("--peagle-heads", type=int,
                         help="P-EAGLE's query heads (default twice the target's: in one layer a placeholder's query "
-                        "is the same for every anchor, so more heads are more ways to read the context, README)")
+                        "is the same for every anchor, so more heads are more ways to read the context, "
+                        "benchmarks/PEAGLE.md)")
     parser.add_argument("--peagle-layers", type=int, default=1,
                         help="P-EAGLE's layers (one, like EAGLE-3: on the tiny target a second costs more draft time "
-                             "than its acceptance buys, README)")
+                             "than its acceptance buys, benchmarks/PEAGLE.md)")
     parser.add_argument("--draft-vocab", type=int, default=2048)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16",

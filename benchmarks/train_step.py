@@ -5,7 +5,7 @@
 The protocol's own data (`benchmarks/protocol.py --setting tiny` writes it) and recipe: one thread,
 bf16 autocast, batch 8 for EAGLE-3 (3 TTT steps, one layer) and 4 for P-EAGLE (depth 8, one layer),
 the target's outputs prepared before timing. To compare two versions of the training code, run
-it from a git worktree of each, taking turns (`PYTHONPATH=<worktree>`); the README's figures ran
+it from a git worktree of each, taking turns (`PYTHONPATH=<worktree>`); the figures in benchmarks/PEAGLE.md ran
 with the allocator settings `protocol.py` names.
 """
 

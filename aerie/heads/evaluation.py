@@ -18,7 +18,7 @@ import torch
 
 from aerie.heads.base import DraftHead
 from aerie.heads.fit import Example, TrainConfig, collate, compute_loss, iterate_batches
-from aerie.heads.losses import Agreement, chain_agreement, peagle_agreement, prepare_batch
+from aerie.heads.losses import Agreement, agreement, prepare_batch
 
 __all__ = ["EvalTotals", "eval_totals"]
 
@@ -87,7 +87,6 @@ def eval_totals(
             n = float(hb.loss_mask.sum())
             loss_sum += float(compute_loss(head, hb, loss_config, generator).loss) * n
             tokens += n
-        part = peagle_agreement(head, hb, depth) if head.method == "peagle" else chain_agreement(head, hb, depth)
-        total = total.merge(part)
+        total = total.merge(agreement(head, hb, depth))
     head.train(was_training)
     return EvalTotals(loss_sum, tokens, total)

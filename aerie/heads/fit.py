@@ -67,7 +67,7 @@ class TrainConfig:
     # one it predicts (EAGLE-3's steps, P-EAGLE's depth 0); the rest is the target's distribution.
     # Its argmax is the target's either way, but a head too small to match the whole distribution
     # spends less of itself on the tail: tiny protocol, tau 4.65 -> 4.82 (EAGLE-3 K=5), P-EAGLE
-    # depth 1 0.82 -> 0.86 (README, "The top-1 token at depth 0 as well")
+    # depth 1 0.82 -> 0.86 (benchmarks/PEAGLE.md, "The top-1 token at depth 0 as well")
     top1_weight: float = 0.3
     # EAGLE-3 training-time test (SpecForge / EAGLE-3 unroll 7, speculators 3)
     ttt_steps: int = 3

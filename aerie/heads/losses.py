@@ -233,20 +233,31 @@ def _walk(accepted: torch.Tensor, anchors: torch.Tensor) -> tuple[list[float], f
     and the next starts one past it (the bonus token). `anchors` [B, n]: the rows whose next token
     is a reply token. Returns the per-depth acceptance summed over the anchors reached, and how
     many there were."""
-    accepted_rows, anchor_rows = accepted.long().tolist(), anchors.tolist()
     visited = [0.0] * accepted.shape[-1]
     visits = 0
-    for per_anchor, row in zip(accepted_rows, anchor_rows, strict=True):
-        a = row.index(True) + 1 if True in row else len(row)
-        while a < len(row) and row[a]:
+    for per_anchor, reached in zip(accepted.long().tolist(), walk_anchors(accepted, anchors), strict=True):
+        for a in reached:
             visited = [v + x for v, x in zip(visited, per_anchor[a], strict=True)]
-            visits += 1
-            a += sum(per_anchor[a]) + 1
+        visits += len(reached)
     return visited, float(visits)
 
 
-def _grid(hb: HeadBatch, preds: list[torch.Tensor]) -> Agreement:
-    """Agreement for chain predictions preds[k] [B, n] (target ids) made at row j, depth k+1."""
+def walk_anchors(accepted: torch.Tensor, anchors: torch.Tensor) -> list[list[int]]:
+    """Per row of `accepted` [B, n, K] (cumulative per depth) and `anchors` [B, n] (as `_walk`
+    takes them): the rows greedy chain verification drafts from, in order."""
+    reached: list[list[int]] = []
+    for per_anchor, row in zip(accepted.long().tolist(), anchors.tolist(), strict=True):
+        a = row.index(True) + 1 if True in row else len(row)
+        reached.append([])
+        while a < len(row) and row[a]:
+            reached[-1].append(a)
+            a += sum(per_anchor[a]) + 1
+    return reached
+
+
+def _grid(hb: HeadBatch, preds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`Agreement.from_grid`'s inputs for chain predictions preds[k] [B, n] (target ids) made at
+    row j, depth k+1."""
     correct, fed_ok, counted = [], [], []
     for k, pred in enumerate(preds):
         correct.append(pred == shift_left(hb.target_top1, k, -1))
@@ -255,7 +266,7 @@ def _grid(hb: HeadBatch, preds: list[torch.Tensor]) -> Agreement:
             fed_ok.append(torch.ones_like(pred, dtype=torch.bool))
         else:
             fed_ok.append(shift_left(hb.input_ids, k, -2) == shift_left(hb.target_top1, k - 1, -3))
-    return Agreement.from_grid(torch.stack(correct, -1), torch.stack(fed_ok, -1), torch.stack(counted, -1))
+    return torch.stack(correct, -1), torch.stack(fed_ok, -1), torch.stack(counted, -1)
 
 
 # ---- EAGLE-3 training-time test (and the sequential unroll all chain heads share) --------------
@@ -377,7 +388,7 @@ def ttt_loss(
         total = total + (decay**k) * step
         step_losses.append(float(step.detach()))
         preds.append(_drafted_grid(head, drafted, at, n))
-    return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
+    return LossOutput(total, _step_metrics(step_losses, Agreement.from_grid(*_grid(hb, preds))))
 
 
 def eagle_loss(
@@ -406,12 +417,11 @@ def eagle_loss(
         total = total + (decay**k) * step
         step_losses.append(float(step.detach()))
         preds.append(_drafted_grid(head, drafted, at, n))
-    return LossOutput(total, _step_metrics(step_losses, _grid(hb, preds)))
+    return LossOutput(total, _step_metrics(step_losses, Agreement.from_grid(*_grid(hb, preds))))
 
 
-@torch.no_grad()
-def chain_agreement(head: DraftHead, hb: HeadBatch, depth: int) -> Agreement:
-    """Agreement of a sequentially drafting head (EAGLE-3, EAGLE) at depths 1..depth."""
+def _chain_drafts(head: DraftHead, hb: HeadBatch, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sequentially drafting head (EAGLE-3, EAGLE) at depths 1..depth, as `drafted_grid`."""
     n = hb.input_ids.shape[1]
     rows, _ = active_rows(hb.loss_mask, depth)
     unrolled = unroll(head, hb, depth, rows, first_rows=true_first(hb.loss_mask))
@@ -539,7 +549,7 @@ def peagle_loss(
     depth0_top1_weight: float = 0.3,
 ) -> LossOutput:
     """P-EAGLE: depth-sampled elements, count-normalised CE (metrics per depth over the sampled
-    elements; `peagle_agreement` gives chain rates).
+    elements; `agreement` gives chain rates).
 
     Depth 0's label is `depth0_top1_weight` x the target's top-1 + the rest x its distribution, as
     EAGLE-3's (`ttt_loss`). A placeholder at depth d >= 1 does not see the tokens between its
@@ -580,9 +590,8 @@ def peagle_loss(
     return LossOutput(loss, metrics)
 
 
-@torch.no_grad()
-def peagle_agreement(head, hb: HeadBatch, depth: int) -> Agreement:
-    """Agreement of a P-EAGLE head drafting `depth` tokens in one forward from every row."""
+def _peagle_drafts(head, hb: HeadBatch, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A P-EAGLE head drafting `depth` tokens in one forward from every row, as `drafted_grid`."""
     rows = peagle_grid(hb.valid, hb.loss_mask, depth)
     elements = PEagleElements.pack(rows, hb.input_ids.device)
     out, row = peagle_forward(head, hb, elements)
@@ -600,4 +609,16 @@ def peagle_agreement(head, hb: HeadBatch, depth: int) -> Agreement:
         + [shift_left(hb.input_ids, k, -2) == shift_left(hb.target_top1, k - 1, -3) for k in range(1, depth)],
         dim=-1,
     )
-    return Agreement.from_grid(correct, fed_ok, counted)
+    return correct, fed_ok, counted
+
+
+@torch.no_grad()
+def drafted_grid(head: DraftHead, hb: HeadBatch, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The head drafting `depth` tokens from every row of `hb` the way the engine drafts (a chain,
+    or P-EAGLE's one forward): `Agreement.from_grid`'s (correct, fed_ok, counted), [B, n, depth]."""
+    return (_peagle_drafts if head.method == "peagle" else _chain_drafts)(head, hb, depth)
+
+
+def agreement(head: DraftHead, hb: HeadBatch, depth: int) -> Agreement:
+    """Agreement of `head` at depths 1..depth on `hb` (`drafted_grid`)."""
+    return Agreement.from_grid(*drafted_grid(head, hb, depth))

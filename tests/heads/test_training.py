@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from aerie.heads.fit import Example, TrainConfig, evaluate, train_head
-from aerie.heads.losses import Agreement, peagle_sample
+from aerie.heads.losses import Agreement, peagle_sample, walk_anchors
 from aerie.heads.vocab import build_draft_vocab, target_to_draft_index, token_counts
 from tests.heads.conftest import VOCAB
 
@@ -186,6 +186,8 @@ def test_agreement_walks_the_engines_anchors():
     a = Agreement.from_grid(correct, torch.ones_like(correct), counted)
     # row 2 accepts 0 -> row 3 accepts 1 -> row 5 accepts 0 -> past the end
     assert a.visits == 3 and a.visited == [1.0, 0.0, 0.0]
+    accepted = torch.cumprod(correct.long(), dim=-1).bool() & counted
+    assert walk_anchors(accepted, counted[..., 0]) == [[2, 3, 5]]
     assert a.summary()["walk_tau"] == pytest.approx(4 / 3)
     merged = a.merge(a)
     assert merged.visits == 6 and merged.visited_rate == pytest.approx([1 / 3, 0.0, 0.0])
