@@ -20,22 +20,21 @@ import json
 from pathlib import Path
 
 import torch
+from protocol import SETTINGS, examples
 
 from aerie.heads.fit import Example, collate, iterate_batches
 from aerie.heads.io import load_head
-from aerie.heads.losses import drafted_grid, prepare_batch, walk_anchors
+from aerie.heads.losses import accepted_drafts, drafted_grid, prepare_batch, walk_anchors
 from aerie.target import load_target
 
-TARGETS = {"tiny": ".aerie/targets/tiny-demo", "unseen": ".aerie/targets/unseen-qwen3"}
 
-
-def accepted_runs(head, target, examples: list[Example], k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def accepted_runs(head, target, replies: list[Example], k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per reply: ([n, K] whether a draft from each row accepts depths 1..K, [n] reply rows)."""
     runs = []
-    for batch in iterate_batches(examples, 4):
+    for batch in iterate_batches(replies, 4):
         hb = prepare_batch(target, head, *collate(batch))
         correct, fed_ok, counted = drafted_grid(head, hb, k)
-        accepted = torch.cumprod((correct & fed_ok).long(), dim=-1).bool() & counted
+        accepted = accepted_drafts(correct, fed_ok, counted)
         runs += list(zip(accepted.cpu(), counted[..., 0].cpu(), strict=True))
     return runs
 
@@ -58,21 +57,21 @@ def walk_buckets(per_reply, k: int) -> list[dict[str, list[int]]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setting", choices=sorted(TARGETS), default="tiny")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="tiny")
     parser.add_argument("--out", help="the protocol's folder (default .aerie/bench/protocol/<setting>)")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--head", action="append", default=[], metavar="LABEL=DIR",
                         help="more heads (default: the protocol's eagle3 and peagle)")
     args = parser.parse_args()
     out = Path(args.out or f".aerie/bench/protocol/{args.setting}")
-    target = load_target(TARGETS[args.setting], device="cpu")
+    target = load_target(SETTINGS[args.setting]["target"], device="cpu")
     data = json.loads((out / "data.json").read_text())
-    examples = [Example(r["ids"], r["mask"]) for r in data["eval_replies"]]
+    replies = examples(data["eval_replies"])
     folders = {m: out / "heads" / m for m in ("eagle3", "peagle")} | dict(item.split("=", 1) for item in args.head)
-    runs = {label: accepted_runs(load_head(Path(d), target).eval(), target, examples, args.k)
+    runs = {label: accepted_runs(load_head(Path(d), target).eval(), target, replies, args.k)
             for label, d in folders.items()}
     width = max(map(len, runs))
-    print(f"per-position acceptance at K={args.k} on {len(examples)} held-out replies (positions counted)")
+    print(f"per-position acceptance at K={args.k} on {len(replies)} held-out replies (positions counted)")
     print("\nfrom every position")
     for label, per_reply in runs.items():
         everywhere = sum((a.float() * r[:, None]).sum(0) for a, r in per_reply)

@@ -170,12 +170,12 @@ class Agreement:
     def from_grid(cls, correct: torch.Tensor, fed_ok: torch.Tensor, counted: torch.Tensor) -> Agreement:
         """correct/counted [B, n, K]: depth-d top-1 agreement and whether it is a reply row;
         fed_ok [B, n, K]: the token fed at depth d (d >= 1) is the target's own top-1."""
-        chain = torch.cumprod((correct & fed_ok).long(), dim=-1).bool()
+        accepted = accepted_drafts(correct, fed_ok, counted)
         counted_f = counted.float()
-        visited, visits = _walk(chain & counted, counted[..., 0])
+        visited, visits = _walk(accepted, counted[..., 0])
         return cls(
             correct=(correct.float() * counted_f).sum((0, 1)).tolist(),
-            chain=(chain.float() * counted_f).sum((0, 1)).tolist(),
+            chain=accepted.float().sum((0, 1)).tolist(),
             count=counted_f.sum((0, 1)).tolist(),
             visited=visited,
             visits=visits,
@@ -227,19 +227,23 @@ class Agreement:
         return out
 
 
+def accepted_drafts(correct: torch.Tensor, fed_ok: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+    """[B, n, K]: whether greedy chain verification of a draft from reply row j accepts its depth-d
+    token (`Agreement.from_grid`'s inputs): it and every depth before it agree, fed the target's own
+    tokens."""
+    return torch.cumprod((correct & fed_ok).long(), dim=-1).bool() & counted
+
+
 def _walk(accepted: torch.Tensor, anchors: torch.Tensor) -> tuple[list[float], float]:
     """Greedy chain verification's walk over each row: the prefill emits the first reply token,
     then each draft from anchor a accepts its run of `accepted` [B, n, K] (cumulative per depth)
     and the next starts one past it (the bonus token). `anchors` [B, n]: the rows whose next token
     is a reply token. Returns the per-depth acceptance summed over the anchors reached, and how
     many there were."""
-    visited = [0.0] * accepted.shape[-1]
-    visits = 0
-    for per_anchor, reached in zip(accepted.long().tolist(), walk_anchors(accepted, anchors), strict=True):
-        for a in reached:
-            visited = [v + x for v, x in zip(visited, per_anchor[a], strict=True)]
-        visits += len(reached)
-    return visited, float(visits)
+    reached = walk_anchors(accepted, anchors)
+    rows = torch.tensor([b for b, row in enumerate(reached) for _ in row], dtype=torch.long, device=accepted.device)
+    cols = torch.tensor([a for row in reached for a in row], dtype=torch.long, device=accepted.device)
+    return accepted[rows, cols].float().sum(0).tolist(), float(rows.numel())
 
 
 def walk_anchors(accepted: torch.Tensor, anchors: torch.Tensor) -> list[list[int]]:
