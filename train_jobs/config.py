@@ -88,7 +88,9 @@ class FitConfig(BaseModel):
                                "the rest: the target's distribution).")
     ttt_steps: int = Field(3, ge=1, le=16, description="EAGLE-3 training-time-test unroll.")
     ttt_decay: float = Field(0.8, gt=0, le=1)
-    peagle_depths: int = Field(8, ge=1, le=32)
+    peagle_depths: int = Field(8, ge=1, le=32, description="The tokens P-EAGLE drafts per forward in "
+                               "training: the K to serve it at (on the tiny target a head trained at 5 beat "
+                               "one trained at 8 served at 5 or 8, benchmarks/PEAGLE.md).")
     peagle_ratio: float = Field(0.7, gt=0, le=1)
     peagle_ratio_min: float = Field(0.2, gt=0, le=1)
     peagle_top1_weight: float = Field(0.5, ge=0, le=1, description="The target's top-1 token's share of the "
