@@ -361,7 +361,8 @@ def main() -> None:
     parser.add_argument("--ttt-steps", type=int, default=3)
     parser.add_argument("--peagle-depth", type=int, default=5,
                         help="P-EAGLE's training / evaluation depth (at the same budget a head trained at 5 and "
-                        "served at K=5 beat one trained at 8 served at 5 or 8 on the tiny target, benchmarks/PEAGLE.md)")
+                        "served at K=5 beat one trained at 8 served at 5 or 8 on the tiny target, "
+                        "benchmarks/PEAGLE.md)")
     parser.add_argument("--peagle-heads", type=int,
                         help="P-EAGLE's query heads (default twice the target's: in one layer a placeholder's query "
                         "is the same for every anchor, so more heads are more ways to read the context, "
