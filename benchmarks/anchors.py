@@ -28,12 +28,15 @@ from aerie.heads.losses import accepted_drafts, drafted_grid, prepare_batch, wal
 from aerie.target import load_target
 
 
-def accepted_runs(head, target, replies: list[Example], k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per reply: ([n, K] whether a draft from each row accepts depths 1..K, [n] reply rows)."""
+def accepted_runs(
+    head, target, replies: list[Example], k: int, passes: int | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per reply: ([n, K] whether a draft from each row accepts depths 1..K, [n] reply rows); a
+    P-EAGLE head drafts in `passes` forwards (default its own `draft_passes`)."""
     runs = []
     for batch in iterate_batches(replies, 4):
         hb = prepare_batch(target, head, *collate(batch))
-        correct, fed_ok, counted = drafted_grid(head, hb, k)
+        correct, fed_ok, counted = drafted_grid(head, hb, k, passes)
         accepted = accepted_drafts(correct, fed_ok, counted)
         runs += list(zip(accepted.cpu(), counted[..., 0].cpu(), strict=True))
     return runs
@@ -62,13 +65,14 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--head", action="append", default=[], metavar="LABEL=DIR",
                         help="more heads (default: the protocol's eagle3 and peagle)")
+    parser.add_argument("--passes", type=int, help="P-EAGLE's forwards per draft (default: each head's own)")
     args = parser.parse_args()
     out = Path(args.out or f".aerie/bench/protocol/{args.setting}")
     target = load_target(SETTINGS[args.setting]["target"], device="cpu")
     data = json.loads((out / "data.json").read_text())
     replies = examples(data["eval_replies"])
     folders = {m: out / "heads" / m for m in ("eagle3", "peagle")} | dict(item.split("=", 1) for item in args.head)
-    runs = {label: accepted_runs(load_head(Path(d), target).eval(), target, replies, args.k)
+    runs = {label: accepted_runs(load_head(Path(d), target).eval(), target, replies, args.k, args.passes)
             for label, d in folders.items()}
     width = max(map(len, runs))
     print(f"per-position acceptance at K={args.k} on {len(replies)} held-out replies (positions counted)")

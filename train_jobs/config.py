@@ -97,6 +97,11 @@ class FitConfig(BaseModel):
                                       "label at P-EAGLE's blind depths (the rest: the target's distribution).")
     peagle_depth0_weight: float = Field(3.0, gt=0, description="A depth-0 element's weight in P-EAGLE's loss "
                                         "(a blind depth's: 1).")
+    peagle_passes: int = Field(1, ge=1, le=8, description="P-EAGLE's forwards per draft, recorded in the head: "
+                               "1 blind one, then refining ones whose placeholders read the drafts before them.")
+    peagle_fed_ratio: float = Field(0.0, ge=0, le=1, description="The share of P-EAGLE's training anchors whose "
+                                    "placeholders read the reply's tokens (what a refining pass reads); "
+                                    "needed for peagle_passes > 1.")
     eagle_steps: int = Field(1, ge=1, le=16)
     feature_weight: float = Field(1.0, ge=0)
     token_weight: float = Field(0.1, ge=0)
@@ -151,6 +156,8 @@ class FitConfig(BaseModel):
     def _consistent(self) -> FitConfig:
         if self.peagle_ratio_min > self.peagle_ratio:
             raise ValueError("peagle_ratio_min must not exceed peagle_ratio")
+        if self.peagle_passes > 1 and self.peagle_fed_ratio <= 0:
+            raise ValueError("peagle_passes > 1 needs peagle_fed_ratio > 0: a refining pass reads drafted tokens")
         if self.batch_tokens is not None and self.batch_tokens < 3:
             raise ValueError("batch_tokens is too small")
         return self
@@ -194,6 +201,8 @@ class FitConfig(BaseModel):
             peagle_ratio_min=self.peagle_ratio_min,
             peagle_top1_weight=self.peagle_top1_weight,
             peagle_depth0_weight=self.peagle_depth0_weight,
+            peagle_passes=self.peagle_passes,
+            peagle_fed_ratio=self.peagle_fed_ratio,
             eagle_steps=self.eagle_steps,
             feature_weight=self.feature_weight,
             token_weight=self.token_weight,

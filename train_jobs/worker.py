@@ -110,6 +110,8 @@ def _build_head(cfg: FitConfig, loop_config: dict[str, Any], target):
         head = load_head(str(storage.download(cfg.warm_start)), target)
         if head.method != cfg.method:
             raise ValueError(f"--warm-start {cfg.warm_start} is a {head.method} head, not {cfg.method}")
+        if cfg.method == "peagle":
+            head.config = head.config.model_copy(update={"draft_passes": cfg.peagle_passes})
         return head
     vocab = None
     if loop_config.get("draft_vocab") is not None:
@@ -118,6 +120,7 @@ def _build_head(cfg: FitConfig, loop_config: dict[str, Any], target):
     return new_head(
         target, cfg.method, draft_vocab=vocab, num_layers=cfg.num_layers, speculative_tokens=cfg.k, seed=cfg.seed,
         mask_token_id=loop_config.get("mask_token_id") if cfg.method == "peagle" else None, num_heads=cfg.num_heads,
+        draft_passes=cfg.peagle_passes if cfg.method == "peagle" else 1,
     )
 
 

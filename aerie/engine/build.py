@@ -63,8 +63,10 @@ def build_proposer(
         raise ValueError(TREE_ON_RECURRENT_TARGET)
     if tree if tree is not None else (method == "eagle" and not recurrent):
         return TreeProposer(head, k, slots, capacity, top_k=tree_top_k, total_tokens=tree_tokens)
-    chain = PEagleProposer if method == "peagle" else Eagle3Proposer
-    drafter = chain(head, k, slots, capacity)
+    if method == "peagle":
+        drafter: Proposer = PEagleProposer(head, k, slots, capacity, head.config.draft_passes)
+    else:
+        drafter = Eagle3Proposer(head, k, slots, capacity)
     return LookupFirstProposer(drafter, slots, lookup_tokens=lookup_tokens) if lookup else drafter
 
 

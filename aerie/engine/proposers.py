@@ -179,22 +179,23 @@ class HeadProposer(Proposer):
     def _forward_blocks(
         self,
         rows: list[Request],
-        tokens: list[list[int]],
-        features: list[torch.Tensor],
+        tokens: list[list[int]] | torch.Tensor,
+        features: list[torch.Tensor] | torch.Tensor,
         prefix: list[int],
         logits_at: torch.Tensor,
     ) -> HeadOutput:
         """One head forward over a block of new positions per row (target features as input), with
-        logits at the block positions `logits_at` [B, n] only."""
-        lengths = [len(t) for t in tokens]
+        logits at the block positions `logits_at` [B, n] only. A block given as tensors ([B, n]
+        ids, [B, n, 3H] features) is as wide in every row."""
+        lengths = [len(t) for t in tokens] if isinstance(tokens, list) else [tokens.shape[1]] * len(rows)
         layout = BlockLayout.build(prefix, lengths, self.cache.scratch, self.device, position_offset=1)
         width = layout.valid.shape[1]
         segments = segments_on(self.device, [p + n for p, n in zip(prefix, lengths, strict=True)])
         self.cache.bind([r.slot for r in rows], layout.write_pos, layout.kv_len, segments=segments, by_runs=True)
         return self.head(
-            pad_rows(tokens, width, self.device),
+            pad_rows(tokens, width, self.device) if isinstance(tokens, list) else tokens,
             layout.positions,
-            features=pad_sequence(features, batch_first=True),
+            features=pad_sequence(features, batch_first=True) if isinstance(features, list) else features,
             attention_mask=layout.mask(),
             cache=self.cache,
             logits_at=logits_at,
@@ -280,13 +281,22 @@ class Eagle3Proposer(HeadProposer):
 
 
 class PEagleProposer(HeadProposer):
-    """P-EAGLE: the catch-up positions plus K-1 placeholders in one forward give all K drafts."""
+    """P-EAGLE: the catch-up positions plus K-1 placeholders in one forward give all K drafts.
+
+    With `passes` > 1, each further pass runs the placeholders again, each reading the token the
+    pass before drafted at the position before it instead of the mask token (a head trained with
+    fed chains, `peagle_fed_ratio`): after P passes the first P drafts are a chain, and pass P
+    runs only the K-P+1 placeholders whose input a pass before it changed. A sampled row's draft i
+    comes from the last distribution it was drawn from, which is what verification divides by."""
 
     name = "peagle"
 
-    def __init__(self, head: PEagleHead, k: int, slots: int, capacity: int) -> None:
+    def __init__(self, head: PEagleHead, k: int, slots: int, capacity: int, passes: int = 1) -> None:
+        if passes < 1:
+            raise ValueError(f"P-EAGLE drafts in at least one pass, got passes={passes}")
         super().__init__(head, k, slots, capacity)
         self.head: PEagleHead = head
+        self.passes = passes
 
     @torch.inference_mode()
     def propose(self, rows: list[Request], k: int) -> Draft:
@@ -299,4 +309,16 @@ class PEagleProposer(HeadProposer):
         index = torch.tensor(real, device=self.device)[:, None] - 1 + torch.arange(k, device=self.device)
         out = self._forward_blocks(rows, tokens, features, prefix, index)
         chosen, probs = self._choose(rows, out.logits)
+        for fixed in range(1, min(self.passes, k)):
+            # Drafts 1..fixed are final, and the placeholders reading drafts 1..fixed-1 read the
+            # same in the pass before: only the later ones (and their cache columns) run again.
+            width = k - fixed
+            out = self._forward_blocks(
+                rows, chosen[:, fixed - 1 : -1], mask_feature[:width].expand(len(rows), -1, -1),
+                [p + n + fixed - 1 for p, n in zip(prefix, real, strict=True)],
+                torch.arange(width, device=self.device).expand(len(rows), -1),
+            )
+            refined, refined_probs = self._choose(rows, out.logits)
+            chosen = torch.cat([chosen[:, :fixed], refined], dim=1)
+            probs = None if probs is None else torch.cat([probs[:, :fixed], refined_probs], dim=1)
         return Draft(tokens=chosen, probs=probs)

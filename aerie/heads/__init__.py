@@ -28,6 +28,7 @@ def new_head(
     speculative_tokens: int = 3,
     seed: int | None = None,
     num_heads: int | None = None,
+    draft_passes: int = 1,
 ) -> DraftHead:
     """A fresh head for `target`: sized from its config, the target's embedding (and, for EAGLE,
     its lm_head) copied in, on the target's device, in float32. `draft_vocab` is (d2t, t2d) from
@@ -41,7 +42,7 @@ def new_head(
         mask_token_id=mask_token_id,
         speculative_tokens=speculative_tokens,
         num_heads=num_heads,
-    )
+    ).model_copy(update={"draft_passes": draft_passes})
     if seed is not None:
         torch.manual_seed(seed)
     head = build_head(config)

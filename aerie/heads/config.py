@@ -43,6 +43,8 @@ class HeadConfig(BaseModel):
     mask_token_id: int | None = Field(default=None, description="P-EAGLE placeholder token")
     embed_trainable: bool = False
     speculative_tokens: int = 3
+    draft_passes: int = Field(default=1, ge=1, description="P-EAGLE's forwards per draft: 1 blind one, then "
+                              "refining ones whose placeholders read the drafts before them (`peagle_fed_ratio`)")
     # Architecture options of heads trained elsewhere (vllm-project/speculators' Eagle3 config and
     # its decoder-layer config). The defaults are the layout Aerie's own heads use.
     layer_type: Literal["llama", "qwen3"] = Field(

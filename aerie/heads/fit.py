@@ -78,6 +78,10 @@ class TrainConfig:
     peagle_ratio_min: float = 0.2
     peagle_top1_weight: float = 0.5  # the top-1 token's share of a blind depth's label
     peagle_depth0_weight: float = 3.0  # a depth-0 element's weight in the loss (a blind depth's: 1)
+    # P-EAGLE's forwards per draft (the head's draft_passes): 1 blind one, then refining ones whose
+    # placeholders read the drafts before them, which a peagle_fed_ratio share of the anchors trains
+    peagle_passes: int = 1
+    peagle_fed_ratio: float = 0.0
     # EAGLE (EAGLE-1 weights)
     eagle_steps: int = 1
     feature_weight: float = 1.0
@@ -92,6 +96,8 @@ class TrainConfig:
             raise ValueError(f"clock must be 'wall' or 'cpu', got {self.clock!r}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.peagle_passes > 1 and self.peagle_fed_ratio <= 0:
+            raise ValueError("peagle_passes > 1 needs peagle_fed_ratio > 0: a refining pass reads drafted tokens")
 
 
 def collate(examples: Sequence[Example], max_length: int | None = None, pad_id: int = 0):
@@ -173,7 +179,7 @@ def compute_loss(head: DraftHead, hb, config: TrainConfig, generator: torch.Gene
     if head.method == "peagle":
         return peagle_loss(
             head, hb, config.peagle_depths, config.peagle_ratio, config.peagle_ratio_min, generator,
-            config.peagle_top1_weight, config.peagle_depth0_weight, config.top1_weight,
+            config.peagle_top1_weight, config.peagle_depth0_weight, config.top1_weight, config.peagle_fed_ratio,
         )
     if head.method == "eagle":
         return eagle_loss(head, hb, config.eagle_steps, config.ttt_decay, config.feature_weight, config.token_weight)
@@ -368,7 +374,7 @@ def train_head(
     k = speculative_tokens or (config.peagle_depths if method == "peagle" else config.ttt_steps)
     head = new_head(
         target, method, draft_vocab=draft_vocab, num_layers=num_layers, speculative_tokens=k, seed=config.seed,
-        num_heads=num_heads,
+        num_heads=num_heads, draft_passes=config.peagle_passes if method == "peagle" else 1,
     )
     result = fit(head, target, train, eval_examples, config, progress)
     return head, result

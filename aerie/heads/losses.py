@@ -527,13 +527,23 @@ class PEagleElements:
         return (self.anchor + self.depth).clamp(max=n - 1)
 
 
-def peagle_forward(head, hb: HeadBatch, elements: PEagleElements, logits_at: torch.Tensor | None = None):
+def peagle_forward(
+    head,
+    hb: HeadBatch,
+    elements: PEagleElements,
+    logits_at: torch.Tensor | None = None,
+    fed: torch.Tensor | None = None,
+):
     """One head forward over P-EAGLE elements. Returns (HeadOutput, target row index [B, E]);
-    the logits only at the elements `logits_at` [B, m] when given."""
+    the logits only at the elements `logits_at` [B, m] when given. `fed` [B, E]: the token a
+    placeholder reads instead of the mask token (-1: the mask token), as in a refining pass; its
+    feature stays `mask_hidden`."""
     anchor, depth, present = elements.anchor, elements.depth, elements.present
     row = elements.target_rows(hb.input_ids.shape[1])
     is_mask = depth > 0
     ids = torch.where(is_mask, torch.full_like(anchor, head.mask_token_id), hb.input_ids.gather(1, anchor))
+    if fed is not None:
+        ids = torch.where(is_mask & (fed >= 0), fed, ids)
     positions = hb.position_ids.gather(1, anchor) + depth
     feats = hb.features.gather(1, anchor[..., None].expand(-1, -1, hb.features.shape[-1]))
     feats = torch.where(is_mask[..., None], head.mask_hidden.to(feats.dtype), feats.to(head.mask_hidden.dtype))
@@ -551,6 +561,7 @@ def peagle_loss(
     top1_weight: float = 0.5,
     depth0_weight: float = 3.0,
     depth0_top1_weight: float = 0.3,
+    fed_ratio: float = 0.0,
 ) -> LossOutput:
     """P-EAGLE: depth-sampled elements, count-normalised CE (metrics per depth over the sampled
     elements; `agreement` gives chain rates).
@@ -567,14 +578,20 @@ def peagle_loss(
     Depth 0's elements weigh `depth0_weight` each against 1 for a blind depth's. Depth 0 is the only
     prediction that sees the newest token, every accepted run starts with it, and the blind depths'
     elements outnumber its own (2.4 to 1 at the default sampling) and pull the shared layers their
-    way: with one layer and even weights, the top-1 mix cost depth 1 0.915 -> 0.865."""
+    way: with one layer and even weights, the top-1 mix cost depth 1 0.915 -> 0.865.
+
+    A `fed_ratio` share of the anchors have their placeholders read the reply's own tokens instead
+    of the mask token (a fed chain): what a refining pass reads, the first pass's drafts, where they
+    are right. The per-depth metrics count the blind chains only."""
     # Depth 0 keeps the prompt's rows as context; only the counted elements (a reply row to
     # predict) pay for the vocabulary projection and the CE (`distill_cross_entropy`).
     rows = peagle_sample(hb.valid, hb.loss_mask, depths, ratio, ratio_min, generator)
     elements = PEagleElements.pack(rows, hb.input_ids.device)
     row = elements.target_rows(hb.input_ids.shape[1])
     at = true_first(elements.present & hb.loss_mask.gather(1, row))
-    out, _ = peagle_forward(head, hb, elements, logits_at=at)
+    fed = _fed_chains(hb, elements, fed_ratio, generator) if fed_ratio > 0 else None
+    out, _ = peagle_forward(head, hb, elements, logits_at=at, fed=fed)
+    blind = torch.ones_like(at, dtype=torch.bool) if fed is None else fed.gather(1, at) < 0
     row, depth = row.gather(1, at), elements.depth.gather(1, at)
     counted = elements.present.gather(1, at) & hb.loss_mask.gather(1, row)
     weight = (counted & hb.in_vocab.gather(1, row)).float() * torch.where(depth == 0, depth0_weight, 1.0)
@@ -585,7 +602,7 @@ def peagle_loss(
     with torch.no_grad():
         correct = head.draft_to_target(drafted) == hb.target_top1.gather(1, row)
         for d in range(depths):
-            sel = counted & (depth == d)
+            sel = counted & blind & (depth == d)
             if not bool(sel.any()):
                 break
             metrics[f"loss_{d + 1}"] = float(_masked_mean(ce, sel & (weight > 0)))
@@ -594,13 +611,41 @@ def peagle_loss(
     return LossOutput(loss, metrics)
 
 
-def _peagle_drafts(head, hb: HeadBatch, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A P-EAGLE head drafting `depth` tokens in one forward from every row, as `drafted_grid`."""
+def _fed_chains(
+    hb: HeadBatch, elements: PEagleElements, ratio: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """`peagle_forward`'s `fed` for a `ratio` share of the anchors, drawn per anchor: each of its
+    placeholders reads the reply's token at its own position."""
+    chosen = torch.rand(hb.input_ids.shape, generator=generator, device="cpu") < ratio
+    chosen = chosen.to(hb.input_ids.device).gather(1, elements.anchor) & (elements.depth > 0)
+    truth = hb.input_ids.gather(1, elements.target_rows(hb.input_ids.shape[1]))
+    return torch.where(chosen, truth, -1)
+
+
+def _previous_drafts(elements: PEagleElements, drafts: torch.Tensor, n: int, depth: int) -> torch.Tensor:
+    """`peagle_forward`'s `fed` for a refining pass: each placeholder reads the token the element
+    before it in its chain drafted ([B, E] target ids, -1 for depth 0's elements)."""
+    anchor, at_depth, present = elements.anchor, elements.depth, elements.present
+    b_idx = torch.arange(anchor.shape[0], device=anchor.device)[:, None].expand_as(anchor)
+    grid = torch.full((anchor.shape[0], n, depth), -1, dtype=torch.long, device=anchor.device)
+    grid[b_idx[present], anchor[present], at_depth[present]] = drafts[present]
+    before = grid[b_idx, anchor, (at_depth - 1).clamp(min=0)]
+    return torch.where(at_depth > 0, before, -1)
+
+
+def _peagle_drafts(
+    head, hb: HeadBatch, depth: int, passes: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A P-EAGLE head drafting `depth` tokens from every row in one forward and `passes` - 1
+    refining ones, as `drafted_grid`."""
     rows = peagle_grid(hb.valid, hb.loss_mask, depth)
     elements = PEagleElements.pack(rows, hb.input_ids.device)
-    out, row = peagle_forward(head, hb, elements)
     batch, n = hb.input_ids.shape
-    pred = head.draft_to_target(out.logits.argmax(-1))
+    fed = None
+    for _ in range(passes):
+        out, row = peagle_forward(head, hb, elements, fed=fed)
+        pred = head.draft_to_target(out.logits.argmax(-1))
+        fed = _previous_drafts(elements, pred, n, depth)
     ok = pred == hb.target_top1.gather(1, row)
     correct = torch.zeros(batch, n, depth, dtype=torch.bool, device=ok.device)
     counted = torch.zeros_like(correct)
@@ -617,10 +662,15 @@ def _peagle_drafts(head, hb: HeadBatch, depth: int) -> tuple[torch.Tensor, torch
 
 
 @torch.no_grad()
-def drafted_grid(head: DraftHead, hb: HeadBatch, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def drafted_grid(
+    head: DraftHead, hb: HeadBatch, depth: int, passes: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The head drafting `depth` tokens from every row of `hb` the way the engine drafts (a chain,
-    or P-EAGLE's one forward): `Agreement.from_grid`'s (correct, fed_ok, counted), [B, n, depth]."""
-    return (_peagle_drafts if head.method == "peagle" else _chain_drafts)(head, hb, depth)
+    or P-EAGLE's one forward and `passes` - 1 refining ones, default its `draft_passes`):
+    `Agreement.from_grid`'s (correct, fed_ok, counted), [B, n, depth]."""
+    if head.method == "peagle":
+        return _peagle_drafts(head, hb, depth, passes or head.config.draft_passes)
+    return _chain_drafts(head, hb, depth)
 
 
 def agreement(head: DraftHead, hb: HeadBatch, depth: int) -> Agreement:

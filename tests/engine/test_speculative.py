@@ -48,6 +48,24 @@ def test_greedy_speculation_equals_baseline(llama_with_heads, prompts, baseline,
     assert engine.spec.acceptance_length == pytest.approx(1 + engine.spec.accepted_tokens / engine.spec.drafts)
 
 
+def refining(head, passes: int):
+    """A copy of a P-EAGLE head that drafts in `passes` forwards."""
+    head = copy.deepcopy(head)
+    head.config = head.config.model_copy(update={"draft_passes": passes})
+    return head
+
+
+@pytest.mark.parametrize("passes", [2, 3])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_refined_peagle_drafts_equal_baseline(llama_with_heads, prompts, baseline, passes, k):
+    target, heads = llama_with_heads
+    engine = build_engine(target, CONFIG, "peagle", refining(heads["peagle"], passes), k)
+    assert engine.proposer.passes == passes
+    results = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))
+    assert [r.token_ids for r in results] == baseline
+    assert engine.spec.accepted_tokens > 0
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_greedy_speculation_with_attention_in_runs_of_rows_equals_baseline(
     llama_with_heads, prompts, baseline, method, monkeypatch
@@ -120,14 +138,17 @@ def test_seeded_speculative_sampling_is_reproducible(llama_with_heads, prompts):
     assert [r.token_ids for r in first] == [r.token_ids for r in second]
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [*METHODS, "peagle:2"])
 def test_first_speculated_token_is_distributed_as_target(llama_with_heads, method):
     """The second output token is the first one a speculative step produces (chain or tree);
-    its marginal over the first token's distribution must equal the target's."""
+    its marginal over the first token's distribution must equal the target's. `peagle:2`: a
+    P-EAGLE head drafting in two passes."""
     target, heads = llama_with_heads
     samples, temperature = 2500, 0.8
     prompt = random_prompts([6], seed=21)[0]
-    engine = build_engine(target, EngineConfig(max_slots=64, max_len=24), method, heads[method], 3)
+    method, _, passes = method.partition(":")
+    head = refining(heads[method], int(passes)) if passes else heads[method]
+    engine = build_engine(target, EngineConfig(max_slots=64, max_len=24), method, head, 3)
     params = [SamplingParams(max_tokens=2, temperature=temperature, seed=s) for s in range(samples)]
     seconds = np.array([r.token_ids[1] for r in engine.generate([prompt] * samples, params)])
     assert engine.spec.accepted_tokens > 0

@@ -193,18 +193,23 @@ def test_agreement_walks_the_engines_anchors():
     assert merged.visits == 6 and merged.visited_rate == pytest.approx([1 / 3, 0.0, 0.0])
 
 
-@pytest.mark.parametrize("method,k", [("eagle3", 3), ("peagle", 4)])
-def test_walk_acceptance_is_what_the_engine_measures(sharp_target, method, k):
+@pytest.mark.parametrize("method,k,passes", [("eagle3", 3, 1), ("peagle", 4, 1), ("peagle", 4, 3)])
+def test_walk_acceptance_is_what_the_engine_measures(sharp_target, method, k, passes):
     """Greedy decoding's per-position acceptance is the trainer's agreement at the anchors the
-    engine's walk reaches on the same replies. Only each reply's last draft may differ: the engine
-    counts drafts accepted past max_tokens, which the reply does not hold."""
+    engine's walk reaches on the same replies (for P-EAGLE in `passes` forwards per draft). Only
+    each reply's last draft may differ: the engine counts drafts accepted past max_tokens, which the
+    reply does not hold."""
     from aerie.engine import EngineConfig, SamplingParams
     from aerie.engine.build import build_engine
 
     target = sharp_target
     data = greedy_examples(target, count=6)
-    config = TrainConfig(epochs=30, batch_size=6, lr=3e-3, peagle_depths=k, eval_depth=k, ttt_steps=2)
+    config = TrainConfig(
+        epochs=30, batch_size=6, lr=3e-3, peagle_depths=k, eval_depth=k, ttt_steps=2,
+        peagle_passes=passes, peagle_fed_ratio=0.5 if passes > 1 else 0.0,
+    )
     head, _ = train_head(target, method, data, None, config, draft_vocab_size=VOCAB, progress=False)
+    assert method != "peagle" or head.config.draft_passes == passes
     prompts = [e.input_ids[:6] for e in data]
     engine = build_engine(target, EngineConfig(max_slots=1, max_len=64), method, head, k)
     replies = [engine.generate([p], SamplingParams(max_tokens=40))[0].token_ids for p in prompts]

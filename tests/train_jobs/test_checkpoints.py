@@ -11,7 +11,7 @@ import torch
 
 from aerie.heads import new_head
 from aerie.heads.fit import Example, TrainConfig, make_optimizer, train_step
-from aerie.heads.io import load_head
+from aerie.heads.io import load_head, save_head
 from tests.heads.conftest import VOCAB, make_target
 from train_jobs.checkpoints import (
     MARKER,
@@ -23,8 +23,9 @@ from train_jobs.checkpoints import (
     validate_checkpoint,
     write_checkpoint,
 )
+from train_jobs.config import FitConfig
 from train_jobs.fit_heads import RESULT_NAME, export_head
-from train_jobs.worker import _restore
+from train_jobs.worker import _build_head, _restore
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +145,13 @@ def test_export_head_replaces_atomically(trained, tmp_path):
     with pytest.raises(IncompleteCheckpoint):
         export_head(broken, str(tmp_path / "never"), {})
     assert not (tmp_path / "never").exists()
+
+
+def test_new_and_warm_started_heads_record_the_jobs_peagle_passes(trained, tmp_path):
+    target, head, *_ = trained
+    save_head(head, tmp_path / "earlier")
+    job = dict(data="d", target="t", method="peagle", out="o", peagle_passes=3, peagle_fed_ratio=0.5, k=3)
+    fresh = _build_head(FitConfig.model_validate(job), {}, target)
+    warm = _build_head(FitConfig.model_validate({**job, "warm_start": str(tmp_path / "earlier")}), {}, target)
+    assert head.config.draft_passes == 1
+    assert fresh.config.draft_passes == warm.config.draft_passes == 3

@@ -42,6 +42,8 @@ def test_yaml_then_flags(tmp_path):
     path.write_text("data: /d\ntarget: /t\nmethod: eagle\nout: /o\npeagle-ratio-min: 0.9\n")
     with pytest.raises(ConfigError, match="peagle_ratio_min must not exceed peagle_ratio"):
         load_config(str(path))
+    with pytest.raises(ConfigError, match="peagle_passes > 1 needs peagle_fed_ratio > 0"):
+        load_config(**REQUIRED, peagle_passes=3)
     with pytest.raises(ConfigError, match="file not found"):
         load_config(str(tmp_path / "missing.yaml"))
 
