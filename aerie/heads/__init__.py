@@ -42,7 +42,8 @@ def new_head(
         mask_token_id=mask_token_id,
         speculative_tokens=speculative_tokens,
         num_heads=num_heads,
-    ).model_copy(update={"draft_passes": draft_passes})
+        draft_passes=draft_passes,
+    )
     if seed is not None:
         torch.manual_seed(seed)
     head = build_head(config)

@@ -107,6 +107,7 @@ class HeadConfig(BaseModel):
         speculative_tokens: int = 3,
         target_name_or_path: str | None = None,
         num_heads: int | None = None,
+        draft_passes: int = 1,
     ) -> HeadConfig:
         """A head config sized from a `aerie.target.Target` (its text config). `num_heads`: the
         head's query heads (default the target's), each of the target's head width."""
@@ -144,6 +145,7 @@ class HeadConfig(BaseModel):
             mask_token_id=mask_token_id,
             embed_trainable=method == "peagle",
             speculative_tokens=speculative_tokens,
+            draft_passes=draft_passes,
         )
 
 
