@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -68,6 +69,15 @@ def top2_gap(target, prefix: list[int]) -> float:
     return float(top[0] - top[1])
 
 
+def divergence(target, prompt: list[int], got: list[int], want: list[int]) -> dict | None:
+    """None when `got` is `want`; else the position where it first leaves it, and the target's top-2
+    logit gap there (a near-tie, or a bug)."""
+    if got == want:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+    return {"position": at, "top2_gap": top2_gap(target, prompt + want[:at])}
+
+
 def run(engine, prompts, params) -> tuple[list[list[int]], float]:
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
@@ -93,12 +103,7 @@ def check_dtype(args, dtype_name: str, prompts: list[list[int]]) -> tuple[list[d
         run(engine, prompts[:1], greedy)  # warm-up (kernels, allocator)
         outputs, batched_rate = run(engine, prompts, greedy)
         single = [run(engine, [p], greedy)[1] for p in prompts[: args.single]]
-        mismatches = []
-        for prompt, got, want in zip(prompts, outputs, reference, strict=True):
-            if got != want:
-                pairs = enumerate(zip(got, want, strict=False))
-                at = next((i for i, (a, b) in pairs if a != b), min(len(got), len(want)))
-                mismatches.append({"position": at, "top2_gap": top2_gap(target, prompt + want[:at])})
+        mismatches = [d for d in map(partial(divergence, target), prompts, outputs, reference) if d is not None]
         bugs = [m for m in mismatches if m["top2_gap"] > TIE_GAP[dtype_name]]
         ok &= not bugs
         rows.append({

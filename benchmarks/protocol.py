@@ -27,7 +27,11 @@ What a new user does, in one process (no Ray, so every stage is timed alone):
    Reports tok/s ratios, tau, per-position acceptance, the draft/target cost ratio, the best
    P-EAGLE over the best EAGLE-3 (measured, and ideal from the measured forward costs), and, next to
    the engine's acceptance, the trainer's agreement on held-out replies of the TRAINING traffic
-   (what `aerie train` reports) and on the evaluation prompts' own replies.
+   (what `aerie train` reports) and on the evaluation prompts' own replies. `--engine-dtype bf16`
+   runs this stage in bf16 (where the CPU has AMX a forward over K+1 columns then costs about what
+   one over a single column does, as on a GPU, where fp32 pays per column); there "lossless" reads
+   `ties:N` when N outputs leave plain decoding's tokens only where the target's top two logits are
+   within bf16's noise (`cuda_check.TIE_GAP`), and False when one leaves them anywhere else.
 
 Stages are cached under `--out` (data, heads); delete a folder to redo it.
 """
@@ -36,15 +40,18 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import statistics
 import sysconfig
 import time
 from collections import defaultdict
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
+from cuda_check import TIE_GAP, divergence
 
 from aerie.engine import EngineConfig, SamplingParams
 from aerie.engine.build import build_engine
@@ -322,6 +329,14 @@ def run_engine(target, variant, heads, prompts, max_tokens, concurrency) -> dict
     return {"tokens_per_s": sum(map(len, outputs)) / (time.perf_counter() - start), "outputs": outputs}
 
 
+def divergence_gaps(target, prompts, outputs, reference) -> list[float]:
+    """Per output that leaves plain decoding's tokens: the target's top-2 logit gap where it first
+    does. In fp32 there must be none; in bf16 a 1-column and a K+1-column forward round differently,
+    and greedy picks may part where the top two logits nearly tie (`cuda_check.TIE_GAP`)."""
+    found = map(partial(divergence, target), itertools.cycle(prompts), outputs, reference)
+    return [d["top2_gap"] for d in found if d is not None]
+
+
 def ideal_speedup(arm: dict, t_target: float) -> float:
     """What an arm would gain over plain decoding were a step only its work: tau tokens per
     verification forward of K+1 columns plus one draft, against one plain forward a token."""
@@ -372,6 +387,9 @@ def main() -> None:
                              "than its acceptance buys, benchmarks/PEAGLE.md)")
     parser.add_argument("--draft-vocab", type=int, default=2048)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--engine-dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="the target's and heads' dtype in the speed runs (bf16: where the CPU has AMX, a "
+                        "forward over K+1 columns costs about what one over a single column does, as on a GPU)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16",
                         help="heads' training precision (bf16 autocast: far cheaper steps where the CPU has "
                         "bf16 matmuls, AVX512-BF16 or AMX)")
@@ -404,6 +422,8 @@ def main() -> None:
             print(f"{method}: {info['steps']} steps | trainer eval acc_1 {info['trainer_eval']['acc_1']:.3f} | "
                   f"held-out prompts' replies chain {chain} tau {info['unseen_replies']['tau']:.3f}")
         return
+    if args.engine_dtype == "bf16":  # the speed runs only: data and heads were made in fp32
+        target = load_target(target_dir, device="cpu", dtype=torch.bfloat16)
     heads = {m: load_head(Path(args.out) / "heads" / m, target) for m in trained}
     heads |= {label: load_head(Path(folder), target) for label, folder in compared.items()}
     prompts = data["eval_prompts"]
@@ -439,15 +459,17 @@ def main() -> None:
     table = {}
     for key in results:
         rate = median(key, "tokens_per_s")
-        lossless = all(r["outputs"] == baseline_outputs for r in results[key])
-        row = {"tokens_per_s": rate, "speedup": rate / base, "lossless": lossless}
+        gaps = divergence_gaps(target, prompts, [o for r in results[key] for o in r["outputs"]],
+                               baseline_outputs * len(results[key]))
+        lossless = "True" if not gaps else f"ties:{len(gaps)}" if max(gaps) <= TIE_GAP[args.engine_dtype] else "False"
+        row = {"tokens_per_s": rate, "speedup": rate / base, "lossless": lossless, "divergence_gaps": gaps}
         if "tau" in results[key][0]:
             row |= {"tau": median(key, "tau"), "draft_over_target": median(key, "t_draft") / t_target,
                     "per_position": results[key][-1]["per_position"]}
         table[key] = row
         pp = " ".join(f"{a:.2f}" for a in row.get("per_position", []))
         print(f"{key:20} {rate:7.1f} {row['speedup']:7.2f}x {row.get('tau', 1.0):5.2f} "
-              f"{row.get('draft_over_target', 0.0):12.2f}  {str(lossless):8}  {pp}")
+              f"{row.get('draft_over_target', 0.0):12.2f}  {lossless:8}  {pp}")
     lookup_rate = table["hf_prompt_lookup"]["tokens_per_s"]
     methods = ("ngram", "eagle3", "eagle3+lookup", "peagle", "peagle+lookup", *compared)
     best = {m: max((k for k in table if k.startswith(f"{m} ")), key=lambda k: table[k]["tokens_per_s"])
